@@ -1,0 +1,71 @@
+# kvscale — every entry point a person or CI needs. `make test` and `make demo` set up everything
+# themselves on a fresh machine: a venv in .venv, system packages, and the control-plane binaries.
+SHELL := /bin/bash
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-stamp
+PYTEST := $(BIN)/pytest
+K8S_BIN = $(shell e2e/k8sbin/build.sh)
+
+.PHONY: venv system-deps k8s lint typecheck imports crds test test-unit test-engine \
+	test-controlplane test-e2e demo bench cluster-up cluster-down image clean
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $@
+
+venv: $(STAMP)
+
+system-deps:
+	e2e/install-system-deps.sh
+
+k8s:
+	e2e/k8sbin/build.sh
+
+lint: venv
+	$(BIN)/ruff check operator engine-image e2e tests bench
+	$(BIN)/ruff format --check operator engine-image e2e tests bench
+
+typecheck: venv
+	$(BIN)/mypy operator/kvscale engine-image/kvscale_engine engine-image/kvscale_router e2e/kvscale_cluster
+
+imports: venv
+	$(BIN)/lint-imports
+
+crds: venv
+	$(BIN)/kvscale crd > crds/llmendpoints.kvscale.io.yaml
+
+test-unit: venv
+	$(PYTEST) tests/unit
+
+test-engine: venv
+	$(PYTEST) tests/engine
+
+test-controlplane: venv system-deps k8s
+	KVSCALE_K8S_BIN=$(K8S_BIN) $(PYTEST) tests/controlplane
+
+test-e2e: venv system-deps k8s
+	KVSCALE_K8S_BIN=$(K8S_BIN) $(PYTEST) e2e/tests
+
+test: lint typecheck imports test-unit test-engine test-controlplane test-e2e
+
+demo: venv system-deps k8s
+	KVSCALE_K8S_BIN=$(K8S_BIN) $(BIN)/python -m kvscale_cluster.demo
+
+cluster-up: venv system-deps k8s
+	KVSCALE_K8S_BIN=$(K8S_BIN) $(BIN)/python -m kvscale_cluster up
+
+cluster-down: venv
+	$(BIN)/python -m kvscale_cluster down
+
+bench: venv
+	$(BIN)/python -m bench
+
+image:
+	engine-image/build-image.sh
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
