@@ -1,0 +1,134 @@
+"""Generates the LLMEndpoint CustomResourceDefinition from the pydantic models.
+
+Pydantic writes JSON Schema 2020-12; the API server wants a structural OpenAPI v3 schema. The
+translation inlines `$ref`s, turns `Optional[X]` into an optional `X`, rewrites numeric
+`exclusiveMinimum` into the OpenAPI boolean form, drops what structural schemas forbid
+(`additionalProperties: false`, titles), and gives every object with a default `default: {}` so
+the server fills nested defaults when the user leaves a whole section out.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+from pydantic import BaseModel
+
+from kvscale.api import status as status_api
+from kvscale.api import v1alpha1 as api
+
+JSON = dict[str, Any]
+
+
+def structural(model: type[BaseModel]) -> JSON:
+    """The structural schema of a model, as the API server accepts it."""
+    raw = model.model_json_schema(by_alias=True, mode="validation")
+    defs: JSON = raw.pop("$defs", {})
+    return _convert(raw, defs)
+
+
+def _convert(node: JSON, defs: JSON) -> JSON:
+    if "$ref" in node:
+        target = defs[node["$ref"].rsplit("/", 1)[-1]]
+        merged = {**target, **{k: v for k, v in node.items() if k != "$ref"}}
+        return _convert(merged, defs)
+    if "anyOf" in node:
+        options = [o for o in node["anyOf"] if o.get("type") != "null"]
+        if len(options) != 1:
+            raise ValueError(f"Unions are not expressible in a structural schema: {node}")
+        rest = {k: v for k, v in node.items() if k != "anyOf"}
+        if rest.get("default", ...) is None:
+            del rest["default"]
+        return _convert({**options[0], **rest}, defs)
+    out: JSON = {}
+    for key, value in node.items():
+        if key == "title":
+            continue
+        if key == "additionalProperties" and value is False:
+            continue
+        if key == "properties":
+            out[key] = {name: _convert(sub, defs) for name, sub in value.items()}
+        elif key in ("items", "additionalProperties") and isinstance(value, dict):
+            out[key] = _convert(value, defs)
+        elif key in ("exclusiveMinimum", "exclusiveMaximum") and not isinstance(value, bool):
+            bound = "minimum" if key == "exclusiveMinimum" else "maximum"
+            out[bound] = value
+            out[key] = True
+        else:
+            out[key] = value
+    if out.get("type") == "object" and "properties" in out and "default" in out:
+        out["default"] = {}
+    if out.get("type") == "array" and out.get("default") == []:
+        del out["default"]
+    return out
+
+
+def _printer_columns() -> list[JSON]:
+    return [
+        {"name": "Model", "type": "string", "jsonPath": ".spec.model.name"},
+        {"name": "Desired", "type": "integer", "jsonPath": ".status.desiredReplicas"},
+        {"name": "Ready", "type": "integer", "jsonPath": ".status.readyReplicas"},
+        {
+            "name": "Available",
+            "type": "string",
+            "jsonPath": '.status.conditions[?(@.type=="Available")].status',
+        },
+        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+    ]
+
+
+def crd() -> JSON:
+    """The full CustomResourceDefinition object."""
+    spec_schema = structural(api.LLMEndpointSpec)
+    status_schema = structural(status_api.LLMEndpointStatus)
+    schema = {
+        "type": "object",
+        "description": "An autoscaled LLM inference endpoint.",
+        "required": ["spec"],
+        "properties": {
+            "apiVersion": {"type": "string"},
+            "kind": {"type": "string"},
+            "metadata": {"type": "object"},
+            "spec": spec_schema,
+            "status": status_schema,
+        },
+    }
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{api.PLURAL}.{api.GROUP}"},
+        "spec": {
+            "group": api.GROUP,
+            "scope": "Namespaced",
+            "names": {
+                "kind": api.KIND,
+                "listKind": f"{api.KIND}List",
+                "plural": api.PLURAL,
+                "singular": api.SINGULAR,
+                "shortNames": list(api.SHORT_NAMES),
+                "categories": ["all", "kvscale"],
+            },
+            "versions": [
+                {
+                    "name": api.VERSION,
+                    "served": True,
+                    "storage": True,
+                    "schema": {"openAPIV3Schema": schema},
+                    "subresources": {
+                        "status": {},
+                        "scale": {
+                            "specReplicasPath": ".spec.replicas",
+                            "statusReplicasPath": ".status.replicas",
+                            "labelSelectorPath": ".status.selector",
+                        },
+                    },
+                    "additionalPrinterColumns": _printer_columns(),
+                }
+            ],
+        },
+    }
+
+
+def crd_yaml() -> str:
+    header = "# Generated by `kvscale crd` from operator/kvscale/api; do not edit by hand.\n"
+    return header + yaml.safe_dump(crd(), sort_keys=False, width=100)

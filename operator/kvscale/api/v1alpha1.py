@@ -1,0 +1,360 @@
+"""The LLMEndpoint API, v1alpha1: the single source of truth for the CRD schema.
+
+The CRD YAML in `crds/` is generated from these models (`kvscale crd`), so every default, bound,
+enum and cross-field rule lives here once. Cross-field rules are CEL (`x-kubernetes-validations`)
+so the API server refuses bad objects at admission; pydantic validators mirror the ones the
+operator relies on so that a spec that slipped past an older CRD still fails cleanly.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+GROUP = "kvscale.io"
+VERSION = "v1alpha1"
+KIND = "LLMEndpoint"
+PLURAL = "llmendpoints"
+SINGULAR = "llmendpoint"
+SHORT_NAMES = ("llme",)
+
+DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+QUANTITY_RULE = {
+    "rule": "isQuantity(self)",
+    "message": "must be a Kubernetes quantity such as 500m, 2, 512Mi or 8Gi",
+}
+
+
+def _rules(*rules: tuple[str, str]) -> dict[str, Any]:
+    return {"x-kubernetes-validations": [{"rule": r, "message": m} for r, m in rules]}
+
+
+class _Model(BaseModel):
+    """Base: camelCase on the wire, unknown fields refused, immutable once parsed."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+# --- spec.model ---------------------------------------------------------------------------
+
+
+class HostPathSource(_Model):
+    path: Annotated[
+        str,
+        Field(
+            min_length=1,
+            max_length=4096,
+            pattern=r"^/",
+            description="Absolute path of a Hugging Face checkpoint directory on the node.",
+        ),
+    ]
+
+
+class PVCSource(_Model):
+    claim_name: Annotated[
+        str,
+        Field(
+            alias="claimName",
+            min_length=1,
+            max_length=253,
+            pattern=DNS_LABEL,
+            description="PersistentVolumeClaim in the endpoint's namespace.",
+        ),
+    ]
+    sub_path: Annotated[
+        str,
+        Field(
+            alias="subPath",
+            default="",
+            max_length=4096,
+            pattern=r"^([^/].*)?$",
+            description="Relative directory inside the volume that holds the checkpoint.",
+        ),
+    ]
+
+
+class DummySource(_Model):
+    architecture: Annotated[
+        Literal["llama", "mistral", "qwen2"],
+        Field(description="Architecture of the seeded random weights (benchmarks, demos)."),
+    ] = "llama"
+
+
+class ModelSource(_Model):
+    model_config = ConfigDict(
+        json_schema_extra=_rules(
+            (
+                "[has(self.hostPath), has(self.pvc), has(self.dummy)].filter(x, x).size() == 1",
+                "model.source must set exactly one of hostPath, pvc or dummy",
+            )
+        )
+    )
+    host_path: Annotated[HostPathSource | None, Field(alias="hostPath")] = None
+    pvc: PVCSource | None = None
+    dummy: DummySource | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> ModelSource:
+        if sum(x is not None for x in (self.host_path, self.pvc, self.dummy)) != 1:
+            raise ValueError("model.source must set exactly one of hostPath, pvc or dummy")
+        return self
+
+
+class ModelSpec(_Model):
+    name: Annotated[
+        str,
+        Field(
+            min_length=1,
+            max_length=128,
+            pattern=r"^[A-Za-z0-9][A-Za-z0-9._/:-]*$",
+            description="Model name served on the OpenAI API (the `model` field clients send).",
+        ),
+    ]
+    source: ModelSource
+    max_model_len: Annotated[
+        int,
+        Field(alias="maxModelLen", ge=16, le=1_048_576, description="Context length in tokens."),
+    ] = 4096
+
+
+# --- spec.engine --------------------------------------------------------------------------
+
+
+class EngineSpec(_Model):
+    image: Annotated[
+        str, Field(min_length=1, max_length=512, pattern=r"^[^\s]+$", description="Engine image.")
+    ] = "kvscale/engine:0.1.0"
+    kind: Annotated[
+        Literal["kvscale", "vllm"],
+        Field(description="Engine flavour: selects the argument and metrics adapter."),
+    ] = "kvscale"
+    block_size: Annotated[
+        Literal[8, 16, 32, 64, 128],
+        Field(alias="blockSize", description="Tokens per KV-cache block."),
+    ] = 16
+    memory_fraction: Annotated[
+        float,
+        Field(
+            alias="memoryFraction",
+            gt=0,
+            le=1,
+            description="Fraction of device memory for weights, activations and KV cache.",
+        ),
+    ] = 0.9
+    max_num_seqs: Annotated[
+        int, Field(alias="maxNumSeqs", ge=1, le=4096, description="Max sequences in a batch.")
+    ] = 256
+    max_num_batched_tokens: Annotated[
+        int,
+        Field(
+            alias="maxNumBatchedTokens",
+            ge=16,
+            le=1_048_576,
+            description="Token budget of one scheduler step (chunked prefill splits longer ones).",
+        ),
+    ] = 8192
+    enable_prefix_caching: Annotated[bool, Field(alias="enablePrefixCaching")] = True
+    extra_args: Annotated[
+        list[Annotated[str, Field(max_length=1024)]],
+        Field(alias="extraArgs", max_length=64, description="Appended to the engine's arguments."),
+    ] = []
+
+
+# --- spec.resources -----------------------------------------------------------------------
+
+Quantity = Annotated[
+    str,
+    Field(max_length=64, json_schema_extra={"x-kubernetes-validations": [QUANTITY_RULE]}),
+]
+
+
+class ResourcesSpec(_Model):
+    gpus_per_replica: Annotated[
+        int,
+        Field(alias="gpusPerReplica", ge=0, le=16, description="nvidia.com/gpu per replica."),
+    ] = 1
+    gpu_type: Annotated[
+        str | None,
+        Field(
+            alias="gpuType",
+            max_length=63,
+            pattern=r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$",
+            description="Node label nvidia.com/gpu.product the replicas must run on.",
+        ),
+    ] = None
+    cpu: Annotated[Quantity, Field(description="CPU request and limit per replica.")] = "2"
+    memory: Annotated[Quantity, Field(description="Memory request and limit per replica.")] = "8Gi"
+
+
+# --- spec.slo / trafficClasses ------------------------------------------------------------
+
+
+class SLOSpec(_Model):
+    ttft_p99_seconds: Annotated[
+        float,
+        Field(alias="ttftP99Seconds", gt=0, le=600, description="p99 time to first token."),
+    ] = 2.0
+    itl_p99_seconds: Annotated[
+        float,
+        Field(alias="itlP99Seconds", gt=0, le=60, description="p99 inter-token latency."),
+    ] = 0.2
+    attainment_target: Annotated[
+        float,
+        Field(
+            alias="attainmentTarget",
+            ge=0.5,
+            le=1,
+            description="Fraction of requests that must meet both targets.",
+        ),
+    ] = 0.99
+
+
+class TrafficClass(_Model):
+    name: Annotated[str, Field(min_length=1, max_length=63, pattern=DNS_LABEL)]
+    priority: Annotated[int, Field(ge=0, le=1000, description="Higher is admitted first.")] = 0
+    max_queue_wait_seconds: Annotated[
+        float,
+        Field(
+            alias="maxQueueWaitSeconds",
+            gt=0,
+            le=3600,
+            description="A request that would wait longer is refused with 429.",
+        ),
+    ] = 30.0
+
+
+# --- spec.scaling / cost ------------------------------------------------------------------
+
+
+class SignalsSpec(_Model):
+    model_config = ConfigDict(
+        json_schema_extra=_rules(
+            (
+                "self.source != 'prometheus' || has(self.prometheusUrl)",
+                "scaling.signals.prometheusUrl is required when source is prometheus",
+            )
+        )
+    )
+    source: Annotated[
+        Literal["direct", "prometheus"],
+        Field(description="Scrape replicas' /metrics directly, or query Prometheus."),
+    ] = "direct"
+    prometheus_url: Annotated[
+        str | None,
+        Field(
+            alias="prometheusUrl",
+            max_length=2048,
+            pattern=r"^https?://[^\s/]+(/[^\s]*)?$",
+            description="Base URL of the Prometheus HTTP API.",
+        ),
+    ] = None
+
+
+class ScalingSpec(_Model):
+    model_config = ConfigDict(
+        json_schema_extra=_rules(
+            (
+                "self.minReplicas <= self.maxReplicas",
+                "scaling.minReplicas must not exceed scaling.maxReplicas",
+            ),
+            (
+                "!has(self.scaleToZeroAfterSeconds) || self.minReplicas == 0",
+                "scaling.scaleToZeroAfterSeconds needs scaling.minReplicas: 0",
+            ),
+        )
+    )
+    min_replicas: Annotated[int, Field(alias="minReplicas", ge=0, le=1000)] = 1
+    max_replicas: Annotated[int, Field(alias="maxReplicas", ge=1, le=1000)] = 4
+    scale_to_zero_after_seconds: Annotated[
+        int | None,
+        Field(
+            alias="scaleToZeroAfterSeconds",
+            ge=30,
+            le=86_400,
+            description="Idle time after which the last replica is removed.",
+        ),
+    ] = None
+    capacity_interval_seconds: Annotated[
+        int, Field(alias="capacityIntervalSeconds", ge=10, le=600)
+    ] = 60
+    routing_interval_seconds: Annotated[
+        float, Field(alias="routingIntervalSeconds", ge=1, le=60)
+    ] = 3.0
+    forecast_horizon_seconds: Annotated[
+        int, Field(alias="forecastHorizonSeconds", ge=0, le=3600)
+    ] = 300
+    headroom: Annotated[
+        float, Field(ge=0, le=4, description="Spare capacity kept above the forecast (0.2 = 20%).")
+    ] = 0.2
+    scale_down_stabilization_seconds: Annotated[
+        int, Field(alias="scaleDownStabilizationSeconds", ge=0, le=3600)
+    ] = 300
+    signals: SignalsSpec = SignalsSpec()
+
+    @model_validator(mode="after")
+    def _bounds(self) -> ScalingSpec:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError("scaling.minReplicas must not exceed scaling.maxReplicas")
+        return self
+
+
+class CostSpec(_Model):
+    gpu_hour_price: Annotated[
+        float, Field(alias="gpuHourPrice", ge=0, le=10_000, description="Price of one GPU-hour.")
+    ] = 0.0
+    currency: Annotated[str, Field(pattern=r"^[A-Z]{3}$")] = "USD"
+
+
+# --- the endpoint -------------------------------------------------------------------------
+
+
+class LLMEndpointSpec(_Model):
+    model_config = ConfigDict(
+        json_schema_extra=_rules(
+            (
+                "!has(self.replicas) || !has(self.scaling) "
+                "|| self.replicas <= self.scaling.maxReplicas",
+                "spec.replicas must not exceed scaling.maxReplicas",
+            ),
+            (
+                "!has(self.trafficClasses) || "
+                "self.trafficClasses.all(c, self.trafficClasses.exists_one(d, d.name == c.name))",
+                "trafficClasses names must be unique",
+            ),
+            (
+                "!has(self.engine) || !has(self.engine.maxNumBatchedTokens) "
+                "|| !has(self.engine.maxNumSeqs) "
+                "|| self.engine.maxNumBatchedTokens >= self.engine.maxNumSeqs",
+                "engine.maxNumBatchedTokens must be at least engine.maxNumSeqs "
+                "(every running sequence needs one token per step)",
+            ),
+        )
+    )
+    model: ModelSpec
+    engine: EngineSpec = EngineSpec()
+    resources: ResourcesSpec = ResourcesSpec()
+    slo: SLOSpec = SLOSpec()
+    traffic_classes: Annotated[
+        list[TrafficClass],
+        Field(alias="trafficClasses", max_length=16, description="Admission classes."),
+    ] = []
+    scaling: ScalingSpec = ScalingSpec()
+    cost: CostSpec = CostSpec()
+    replicas: Annotated[
+        int | None,
+        Field(ge=0, le=1000, description="Pins the replica count and suspends autoscaling."),
+    ] = None
+
+    @model_validator(mode="after")
+    def _cross_field(self) -> LLMEndpointSpec:
+        names = [c.name for c in self.traffic_classes]
+        if len(names) != len(set(names)):
+            raise ValueError("trafficClasses names must be unique")
+        if self.replicas is not None and self.replicas > self.scaling.max_replicas:
+            raise ValueError("spec.replicas must not exceed scaling.maxReplicas")
+        return self
+
+    @property
+    def pinned(self) -> bool:
+        return self.replicas is not None

@@ -1,0 +1,219 @@
+"""Renders the objects an LLMEndpoint owns, as plain dicts ready for server-side apply.
+
+Pure functions of the spec: the same spec always renders the same objects, with deterministic
+names and labels, so applying them twice changes nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from kvscale.api import v1alpha1 as api
+from kvscale.engine_args import DRAIN_SECONDS, ENDPOINTS, ENGINE_PORT, MODEL_MOUNT, engine_args
+
+JSON = dict[str, Any]
+
+MANAGED_BY = "kvscale"
+ENDPOINT_LABEL = "kvscale.io/endpoint"
+ROLE_LABEL = "kvscale.io/role"
+GRACE_SECONDS = DRAIN_SECONDS + 15
+
+
+@dataclass(frozen=True)
+class Owner:
+    """What an owner reference needs of the LLMEndpoint."""
+
+    name: str
+    namespace: str
+    uid: str
+
+    def reference(self) -> JSON:
+        return {
+            "apiVersion": f"{api.GROUP}/{api.VERSION}",
+            "kind": api.KIND,
+            "name": self.name,
+            "uid": self.uid,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+
+
+def engine_name(endpoint: str) -> str:
+    return f"{endpoint}-engine"
+
+
+def selector_labels(endpoint: str, role: str = "engine") -> dict[str, str]:
+    return {ENDPOINT_LABEL: endpoint, ROLE_LABEL: role}
+
+
+def selector_string(endpoint: str, role: str = "engine") -> str:
+    return ",".join(f"{k}={v}" for k, v in sorted(selector_labels(endpoint, role).items()))
+
+
+def labels(endpoint: str, role: str = "engine") -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": f"kvscale-{role}",
+        "app.kubernetes.io/instance": endpoint,
+        "app.kubernetes.io/component": role,
+        "app.kubernetes.io/managed-by": MANAGED_BY,
+        **selector_labels(endpoint, role),
+    }
+
+
+def _metadata(owner: Owner, name: str) -> JSON:
+    return {
+        "name": name,
+        "namespace": owner.namespace,
+        "labels": labels(owner.name),
+        "ownerReferences": [owner.reference()],
+    }
+
+
+def desired_replicas(spec: api.LLMEndpointSpec) -> int:
+    """The replica count before autoscaling: a pinned count, else the minimum."""
+    if spec.replicas is not None:
+        return spec.replicas
+    return spec.scaling.min_replicas
+
+
+def _resources(spec: api.LLMEndpointSpec) -> JSON:
+    amounts: JSON = {"cpu": spec.resources.cpu, "memory": spec.resources.memory}
+    if spec.resources.gpus_per_replica:
+        amounts["nvidia.com/gpu"] = str(spec.resources.gpus_per_replica)
+    return {"requests": dict(amounts), "limits": dict(amounts)}
+
+
+def _model_volume(spec: api.LLMEndpointSpec) -> tuple[list[JSON], list[JSON]]:
+    """Volumes and mounts that bring the checkpoint into the engine container."""
+    source = spec.model.source
+    if source.host_path is not None:
+        volume = {"name": "model", "hostPath": {"path": source.host_path.path, "type": "Directory"}}
+        return [volume], [{"name": "model", "mountPath": source.host_path.path, "readOnly": True}]
+    if source.pvc is not None:
+        volume = {
+            "name": "model",
+            "persistentVolumeClaim": {"claimName": source.pvc.claim_name, "readOnly": True},
+        }
+        mount = {"name": "model", "mountPath": MODEL_MOUNT, "readOnly": True}
+        return [volume], [mount]
+    return [], []
+
+
+def _probe(path: str, period: int, failures: int) -> JSON:
+    return {
+        "httpGet": {"path": path, "port": "http"},
+        "periodSeconds": period,
+        "timeoutSeconds": 2,
+        "failureThreshold": failures,
+    }
+
+
+def _engine_container(spec: api.LLMEndpointSpec) -> JSON:
+    _, mounts = _model_volume(spec)
+    paths = ENDPOINTS[spec.engine.kind]
+    container: JSON = {
+        "name": "engine",
+        "image": spec.engine.image,
+        "args": engine_args(spec),
+        "ports": [{"name": "http", "containerPort": ENGINE_PORT, "protocol": "TCP"}],
+        "env": [{"name": "HOME", "value": "/tmp"}],
+        "resources": _resources(spec),
+        "startupProbe": _probe(paths.live, 2, 300),
+        "readinessProbe": _probe(paths.ready, 2, 2),
+        "livenessProbe": _probe(paths.live, 10, 3),
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": 1000,
+            "runAsGroup": 1000,
+            "readOnlyRootFilesystem": True,
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+        },
+        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}, *mounts],
+    }
+    if paths.drain:
+        container["lifecycle"] = {"preStop": {"httpGet": {"path": paths.drain, "port": "http"}}}
+    return container
+
+
+def engine_deployment(owner: Owner, spec: api.LLMEndpointSpec, replicas: int) -> JSON:
+    volumes, _ = _model_volume(spec)
+    pod_spec: JSON = {
+        "containers": [_engine_container(spec)],
+        "terminationGracePeriodSeconds": GRACE_SECONDS,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "fsGroup": 1000,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "automountServiceAccountToken": False,
+        "volumes": [{"name": "tmp", "emptyDir": {}}, *volumes],
+    }
+    if spec.resources.gpus_per_replica:
+        pod_spec["tolerations"] = [
+            {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+        ]
+    if spec.resources.gpu_type:
+        pod_spec["nodeSelector"] = {"nvidia.com/gpu.product": spec.resources.gpu_type}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _metadata(owner, engine_name(owner.name)),
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": selector_labels(owner.name)},
+            "strategy": {
+                "type": "RollingUpdate",
+                "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+            },
+            "template": {
+                "metadata": {
+                    "labels": labels(owner.name),
+                    "annotations": {
+                        "prometheus.io/scrape": "true",
+                        "prometheus.io/port": str(ENGINE_PORT),
+                        "prometheus.io/path": "/metrics",
+                        "kvscale.io/model": spec.model.name,
+                    },
+                },
+                "spec": pod_spec,
+            },
+        },
+    }
+
+
+def engine_service(owner: Owner) -> JSON:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(owner, engine_name(owner.name)),
+        "spec": {
+            "type": "ClusterIP",
+            "selector": selector_labels(owner.name),
+            "ports": [
+                {"name": "http", "port": ENGINE_PORT, "targetPort": "http", "protocol": "TCP"}
+            ],
+        },
+    }
+
+
+def engine_pdb(owner: Owner) -> JSON:
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": _metadata(owner, engine_name(owner.name)),
+        "spec": {
+            "maxUnavailable": 1,
+            "selector": {"matchLabels": selector_labels(owner.name)},
+        },
+    }
+
+
+def render(owner: Owner, spec: api.LLMEndpointSpec, replicas: int) -> list[JSON]:
+    """Every child of the endpoint, in the order they are applied."""
+    return [
+        engine_service(owner),
+        engine_pdb(owner),
+        engine_deployment(owner, spec, replicas),
+    ]

@@ -1,0 +1,133 @@
+"""The few Kubernetes API calls the operator makes, on plain dicts.
+
+Children are applied with server-side apply under one field manager (`kvscale`), forced, so the
+operator owns exactly the fields it renders and takes them back when someone else edits them.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from kubernetes import client
+
+from kvscale.api import v1alpha1 as api
+
+JSON = dict[str, Any]
+FIELD_MANAGER = "kvscale"
+
+_COLLECTIONS = {
+    ("v1", "Service"): "/api/v1/namespaces/{namespace}/services",
+    ("v1", "Event"): "/api/v1/namespaces/{namespace}/events",
+    ("v1", "Pod"): "/api/v1/namespaces/{namespace}/pods",
+    ("v1", "PersistentVolumeClaim"): "/api/v1/namespaces/{namespace}/persistentvolumeclaims",
+    ("apps/v1", "Deployment"): "/apis/apps/v1/namespaces/{namespace}/deployments",
+    ("policy/v1", "PodDisruptionBudget"): (
+        "/apis/policy/v1/namespaces/{namespace}/poddisruptionbudgets"
+    ),
+    (f"{api.GROUP}/{api.VERSION}", api.KIND): (
+        f"/apis/{api.GROUP}/{api.VERSION}/namespaces/{{namespace}}/{api.PLURAL}"
+    ),
+}
+
+
+class KubeError(Exception):
+    """An API call failed; `status` is the HTTP status (0 when the server was not reached)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"{status}: {message}")
+        self.status = status
+        self.message = message
+
+
+@dataclass(frozen=True)
+class Kube:
+    """A thin, typed-by-dict view of the API server."""
+
+    api_client: client.ApiClient
+
+    def _call(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        query: list[tuple[str, str]] | None = None,
+        content_type: str = "application/json",
+    ) -> JSON | None:
+        m, url, headers, payload, _ = self.api_client.param_serialize(
+            method=method,
+            resource_path=path,
+            query_params=query or [],
+            header_params={"Content-Type": content_type, "Accept": "application/json"},
+            body=body,
+            auth_settings=["BearerToken"],
+        )
+        resp = self.api_client.call_api(m, url, headers, payload)
+        resp.read()  # type: ignore[no-untyped-call]
+        if resp.status == 404:
+            return None
+        if resp.status >= 400:
+            raise KubeError(resp.status, _message(resp.data))
+        return json.loads(resp.data) if resp.data else {}
+
+    @staticmethod
+    def _path(api_version: str, kind: str, namespace: str, name: str = "") -> str:
+        base = _COLLECTIONS[(api_version, kind)].format(namespace=namespace)
+        return f"{base}/{name}" if name else base
+
+    def get(self, api_version: str, kind: str, namespace: str, name: str) -> JSON | None:
+        return self._call("GET", self._path(api_version, kind, namespace, name))
+
+    def list_pods(self, namespace: str, selector: str) -> list[JSON]:
+        found = self._call(
+            "GET", self._path("v1", "Pod", namespace), query=[("labelSelector", selector)]
+        )
+        return list((found or {}).get("items", []))
+
+    def apply(self, obj: JSON) -> JSON:
+        """Server-side apply, forced, as the operator's field manager."""
+        meta = obj["metadata"]
+        path = self._path(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"])
+        query = [("fieldManager", FIELD_MANAGER), ("force", "true")]
+        result = self._call("PATCH", path, obj, query, "application/apply-patch+yaml")
+        if result is None:
+            raise KubeError(404, f"{obj['kind']} {meta['name']} vanished while applying")
+        return result
+
+    def patch_endpoint_status(self, namespace: str, name: str, status: JSON) -> None:
+        path = self._path(f"{api.GROUP}/{api.VERSION}", api.KIND, namespace, name) + "/status"
+        self._call("PATCH", path, {"status": status}, None, "application/merge-patch+json")
+
+    def post_event(self, involved: JSON, kind: str, reason: str, message: str) -> None:
+        """Records an Event on an object, as `kubectl describe` shows them."""
+        meta = involved["metadata"]
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+            "involvedObject": {
+                "apiVersion": involved["apiVersion"],
+                "kind": involved["kind"],
+                "name": meta["name"],
+                "namespace": meta["namespace"],
+                "uid": meta.get("uid", ""),
+            },
+            "type": kind,
+            "reason": reason,
+            "message": message[:1024],
+            "source": {"component": FIELD_MANAGER},
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        self._call("POST", self._path("v1", "Event", meta["namespace"]), event)
+
+
+def _message(data: bytes | None) -> str:
+    try:
+        return str(json.loads(data or b"{}").get("message", data))
+    except ValueError:
+        return (data or b"").decode(errors="replace")

@@ -1,0 +1,127 @@
+"""One level-triggered reconcile of an LLMEndpoint: render, apply, observe, compute status.
+
+Every handler (resume, create, update, timer, a child's change) calls `reconcile`; it reads the
+world, converges it, and returns what to write back, so running it twice changes nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import ValidationError
+
+from kvscale import children, status
+from kvscale.api import v1alpha1 as api
+from kvscale.kube import Kube
+
+JSON = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Event:
+    type: str  # Normal | Warning
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a reconcile wants written: status changes (empty: none) and Events to post."""
+
+    status: JSON
+    events: list[Event] = field(default_factory=list)
+    invalid: str | None = None
+
+
+def now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def validation_message(err: ValidationError) -> str:
+    parts = []
+    for e in err.errors():
+        where = ".".join(str(p) for p in e["loc"])
+        parts.append(f"spec.{where}: {e['msg']}" if where else e["msg"])
+    return "; ".join(parts)
+
+
+def replica_event(current: int | None, last_desired: int | None, desired: int) -> Event | None:
+    """The Event for a change of the Deployment's replicas, if any.
+
+    `current` is what the Deployment had before this apply; `last_desired` what the operator
+    last decided. A difference between those two means someone else wrote the field.
+    """
+    if current is None or current == desired:
+        return None
+    if last_desired is not None and current != last_desired:
+        return Event(
+            "Warning",
+            "ReplicasRestored",
+            f"Restored engine replicas to {desired}: they were changed to {current} "
+            "outside kvscale (only the operator sets them)",
+        )
+    return Event("Normal", "Scaled", f"Scaled engine from {current} to {desired} replicas")
+
+
+def model_problems(kube: Kube, namespace: str, spec: api.LLMEndpointSpec) -> list[status.Problem]:
+    """What the operator can check about the model source before any pod runs."""
+    pvc = spec.model.source.pvc
+    if (
+        pvc is not None
+        and kube.get("v1", "PersistentVolumeClaim", namespace, pvc.claim_name) is None
+    ):
+        return [
+            status.Problem(
+                "ModelSourceNotFound",
+                f"PersistentVolumeClaim {pvc.claim_name} does not exist in {namespace}",
+            )
+        ]
+    return []
+
+
+def reconcile(kube: Kube, body: Mapping[str, Any]) -> Outcome:
+    meta = body["metadata"]
+    generation = int(meta.get("generation", 0))
+    old_status: JSON = dict(body.get("status") or {})
+    try:
+        spec = api.LLMEndpointSpec.model_validate(body.get("spec") or {})
+    except ValidationError as err:
+        message = validation_message(err)
+        new = status.invalid_spec(generation, message, old_status, now())
+        return Outcome(
+            status.changes(old_status, new), [Event("Warning", "InvalidSpec", message)], message
+        )
+
+    owner = children.Owner(meta["name"], meta["namespace"], meta["uid"])
+    name = children.engine_name(owner.name)
+    before = kube.get("apps/v1", "Deployment", owner.namespace, name)
+    desired = children.desired_replicas(spec)
+    problems = model_problems(kube, owner.namespace, spec)
+    applied = [kube.apply(obj) for obj in children.render(owner, spec, desired)]
+    deployment = applied[-1]
+    pods = kube.list_pods(owner.namespace, children.selector_string(owner.name))
+
+    events: list[Event] = []
+    if before is None:
+        kinds = ", ".join(f"{o['kind']} {o['metadata']['name']}" for o in applied)
+        events.append(Event("Normal", "Created", f"Created {kinds}"))
+    scaled = replica_event(
+        before["spec"].get("replicas") if before else None,
+        old_status.get("desiredReplicas"),
+        desired,
+    )
+    if scaled:
+        events.append(scaled)
+    new = status.compute(
+        generation=generation,
+        desired=desired,
+        selector=children.selector_string(owner.name),
+        seen=status.Observed.read(deployment, pods),
+        problems=problems,
+        old=old_status,
+        now=now(),
+    )
+    return Outcome(status.changes(old_status, new), events)

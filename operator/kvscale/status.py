@@ -1,0 +1,170 @@
+"""Computes an LLMEndpoint's status from what is observed of its children. Pure functions."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvscale.conditions import Cond, merge
+
+JSON = dict[str, Any]
+_FAILING_WAITS = {
+    "CrashLoopBackOff": "EngineCrashLooping",
+    "ErrImagePull": "ImagePullFailed",
+    "ImagePullBackOff": "ImagePullFailed",
+    "InvalidImageName": "ImagePullFailed",
+    "CreateContainerConfigError": "EngineConfigError",
+    "CreateContainerError": "EngineConfigError",
+}
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Something only the operator can judge, reported as `Degraded=True`."""
+
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Observed:
+    """The engine Deployment and its pods, as last read from the API server."""
+
+    replicas: int = 0
+    ready: int = 0
+    updated: int = 0
+    rolled_out: bool = True
+    deadline_exceeded: str | None = None
+    replica_failure: str | None = None
+    unschedulable: list[str] = field(default_factory=list)
+    failing: list[Problem] = field(default_factory=list)
+
+    @classmethod
+    def read(cls, deployment: JSON | None, pods: Iterable[JSON] = ()) -> Observed:
+        if deployment is None:
+            return cls(rolled_out=False)
+        st = deployment.get("status", {})
+        conds = {c["type"]: c for c in st.get("conditions", [])}
+        progressing = conds.get("Progressing", {})
+        failure = conds.get("ReplicaFailure", {})
+        unschedulable, failing = _pod_problems(pods)
+        return cls(
+            replicas=st.get("replicas", 0),
+            ready=st.get("readyReplicas", 0),
+            updated=st.get("updatedReplicas", 0),
+            rolled_out=st.get("observedGeneration", 0)
+            >= deployment["metadata"].get("generation", 0),
+            deadline_exceeded=progressing.get("message")
+            if progressing.get("reason") == "ProgressDeadlineExceeded"
+            else None,
+            replica_failure=failure.get("message") if failure.get("status") == "True" else None,
+            unschedulable=unschedulable,
+            failing=failing,
+        )
+
+
+def _pod_problems(pods: Iterable[JSON]) -> tuple[list[str], list[Problem]]:
+    unschedulable: list[str] = []
+    failing: list[Problem] = []
+    for pod in pods:
+        name = pod["metadata"]["name"]
+        for cond in pod.get("status", {}).get("conditions", []):
+            if cond.get("type") == "PodScheduled" and cond.get("reason") == "Unschedulable":
+                unschedulable.append(f"{name}: {cond.get('message', '')}")
+        for cs in pod.get("status", {}).get("containerStatuses", []):
+            waiting = cs.get("state", {}).get("waiting", {})
+            reason = _FAILING_WAITS.get(waiting.get("reason", ""))
+            if reason:
+                failing.append(Problem(reason, f"{name}: {waiting.get('message', reason)}"))
+    return unschedulable, failing
+
+
+def conditions(desired: int, seen: Observed, problems: list[Problem]) -> list[Cond]:
+    """Available, Progressing, Degraded and CapacityLimited from what was observed."""
+    return [
+        _available(desired, seen),
+        _progressing(desired, seen),
+        _degraded(seen, problems),
+        _capacity_limited(seen),
+    ]
+
+
+def _available(desired: int, seen: Observed) -> Cond:
+    if desired == 0 and seen.ready == 0:
+        return Cond("Available", "False", "ScaledToZero", "The endpoint has no replicas")
+    if seen.ready > 0:
+        return Cond("Available", "True", "ReplicasReady", f"{seen.ready} of {desired} ready")
+    return Cond("Available", "False", "NoReplicasReady", f"0 of {desired} replicas are ready")
+
+
+def _progressing(desired: int, seen: Observed) -> Cond:
+    counts = f"{seen.ready} of {desired} ready, {seen.updated} up to date"
+    if seen.deadline_exceeded:
+        return Cond("Progressing", "False", "ProgressDeadlineExceeded", seen.deadline_exceeded)
+    if not seen.rolled_out or seen.updated < desired:
+        return Cond("Progressing", "True", "RollingOut", counts)
+    if seen.ready < desired:
+        return Cond("Progressing", "True", "ScalingUp", counts)
+    if seen.replicas > desired:
+        return Cond(
+            "Progressing", "True", "ScalingDown", f"{seen.replicas} running, {desired} wanted"
+        )
+    return Cond("Progressing", "False", "Stable", f"All {desired} replicas ready and up to date")
+
+
+def _degraded(seen: Observed, problems: list[Problem]) -> Cond:
+    found = list(problems) + list(seen.failing)
+    if seen.deadline_exceeded:
+        found.append(Problem("ProgressDeadlineExceeded", seen.deadline_exceeded))
+    if seen.replica_failure:
+        found.append(Problem("ReplicaFailure", seen.replica_failure))
+    if not found:
+        return Cond("Degraded", "False", "AsExpected", "No problems detected")
+    message = "; ".join(p.message for p in found)
+    return Cond("Degraded", "True", found[0].reason, message)
+
+
+def _capacity_limited(seen: Observed) -> Cond:
+    if seen.unschedulable:
+        count = len(seen.unschedulable)
+        message = f"{count} replica(s) cannot be scheduled: " + "; ".join(seen.unschedulable)
+        return Cond("CapacityLimited", "True", "ReplicasUnschedulable", message)
+    return Cond("CapacityLimited", "False", "AllScheduled", "Every replica found a node")
+
+
+def compute(
+    *,
+    generation: int,
+    desired: int,
+    selector: str,
+    seen: Observed,
+    problems: list[Problem],
+    old: JSON,
+    now: str,
+) -> JSON:
+    """The whole status object the operator owns."""
+    return {
+        "observedGeneration": generation,
+        "replicas": seen.replicas,
+        "readyReplicas": seen.ready,
+        "desiredReplicas": desired,
+        "selector": selector,
+        "conditions": merge(
+            old.get("conditions", []), conditions(desired, seen, problems), generation, now
+        ),
+    }
+
+
+def invalid_spec(generation: int, message: str, old: JSON, now: str) -> JSON:
+    """The status of an object whose spec the operator cannot use."""
+    cond = Cond("Degraded", "True", "InvalidSpec", message)
+    return {
+        "observedGeneration": generation,
+        "conditions": merge(old.get("conditions", []), [cond], generation, now),
+    }
+
+
+def changes(old: JSON, new: JSON) -> JSON:
+    """Only the top-level status fields whose value differs: an empty dict means no write."""
+    return {k: v for k, v in new.items() if old.get(k) != v}
