@@ -74,9 +74,10 @@ def _pod_problems(pods: Iterable[JSON]) -> tuple[list[str], list[Problem]]:
                 unschedulable.append(f"{name}: {cond.get('message', '')}")
         for cs in pod.get("status", {}).get("containerStatuses", []):
             waiting = cs.get("state", {}).get("waiting", {})
-            reason = _FAILING_WAITS.get(waiting.get("reason", ""))
-            if reason:
-                failing.append(Problem(reason, f"{name}: {waiting.get('message', reason)}"))
+            why = waiting.get("reason", "")
+            if why in _FAILING_WAITS:
+                detail = f"{name}: {why}: {waiting.get('message', '')}".rstrip(": ")
+                failing.append(Problem(_FAILING_WAITS[why], detail))
     return unschedulable, failing
 
 

@@ -1,0 +1,79 @@
+"""The API models: defaults, validation mirrors of the CEL rules, and the generated CRD."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+from pydantic import ValidationError
+
+from kvscale.api.crd import crd, crd_yaml
+from kvscale.api.v1alpha1 import LLMEndpointSpec
+
+ROOT = Path(__file__).resolve().parents[3]
+MINIMAL = {"model": {"name": "tiny", "source": {"dummy": {}}}}
+
+
+def test_minimal_spec_gets_defaults() -> None:
+    spec = LLMEndpointSpec.model_validate(MINIMAL)
+    assert spec.engine.kind == "kvscale"
+    assert spec.engine.block_size == 16
+    assert spec.scaling.min_replicas == 1
+    assert spec.replicas is None and not spec.pinned
+
+
+@pytest.mark.parametrize(
+    ("patch", "needle"),
+    [
+        ({"scaling": {"minReplicas": 3, "maxReplicas": 2}}, "minReplicas must not exceed"),
+        ({"replicas": 9, "scaling": {"maxReplicas": 2}}, "spec.replicas must not exceed"),
+        ({"trafficClasses": [{"name": "a"}, {"name": "a"}]}, "names must be unique"),
+        ({"engine": {"kind": "tgi"}}, "kind"),
+        ({"bogus": 1}, "Extra inputs"),
+    ],
+)
+def test_invalid_specs_are_refused(patch: dict[str, object], needle: str) -> None:
+    with pytest.raises(ValidationError, match=needle):
+        LLMEndpointSpec.model_validate({**MINIMAL, **patch})
+
+
+def test_model_source_needs_exactly_one() -> None:
+    body = {"model": {"name": "m", "source": {"dummy": {}, "hostPath": {"path": "/m"}}}}
+    with pytest.raises(ValidationError, match="exactly one of"):
+        LLMEndpointSpec.model_validate(body)
+
+
+def test_committed_crd_matches_the_models() -> None:
+    committed = (ROOT / "crds" / "llmendpoints.kvscale.io.yaml").read_text()
+    assert committed == crd_yaml(), "crds/ is stale: run `make crds`"
+
+
+def _walk(node: object) -> list[dict[str, object]]:
+    found: list[dict[str, object]] = []
+    if isinstance(node, dict):
+        found.append(node)
+        for value in node.values():
+            found += _walk(value)
+    elif isinstance(node, list):
+        for value in node:
+            found += _walk(value)
+    return found
+
+
+def test_crd_schema_is_structural() -> None:
+    schema = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    for node in _walk(schema):
+        assert "$ref" not in node and "anyOf" not in node and "title" not in node
+        assert node.get("additionalProperties") is not False
+        if "exclusiveMinimum" in node:
+            assert node["exclusiveMinimum"] is True and "minimum" in node
+
+
+def test_crd_has_subresources_and_columns() -> None:
+    version = crd()["spec"]["versions"][0]
+    assert version["subresources"]["scale"]["labelSelectorPath"] == ".status.selector"
+    names = [c["name"] for c in version["additionalPrinterColumns"]]
+    assert names == ["Model", "Desired", "Ready", "Available", "Age"]
+    conds = version["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]["conditions"]
+    assert conds["x-kubernetes-list-type"] == "map"
+    assert conds["x-kubernetes-list-map-keys"] == ["type"]
+    assert yaml.safe_load(crd_yaml()) == crd()

@@ -1,0 +1,127 @@
+"""Status and conditions computed from observed children; events for replica changes."""
+
+from typing import Any
+
+from kvscale import status
+from kvscale.conditions import Cond, find, merge
+from kvscale.reconcile import replica_event
+
+
+def deployment(replicas: int, ready: int, updated: int, generation: int = 1, **conds: Any) -> Any:
+    return {
+        "metadata": {"generation": generation},
+        "status": {
+            "observedGeneration": 1,
+            "replicas": replicas,
+            "readyReplicas": ready,
+            "updatedReplicas": updated,
+            "conditions": [{"type": t, **c} for t, c in conds.items()],
+        },
+    }
+
+
+def compute(desired: int, seen: status.Observed, old: Any = None, **kw: Any) -> Any:
+    return status.compute(
+        generation=4,
+        desired=desired,
+        selector="a=b",
+        seen=seen,
+        problems=kw.get("problems", []),
+        old=old or {},
+        now=kw.get("now", "2026-01-01T00:00:00Z"),
+    )
+
+
+def cond(st: Any, type_: str) -> Any:
+    found = find(st["conditions"], type_)
+    assert found is not None
+    return found
+
+
+def test_ready_endpoint_is_available_and_stable() -> None:
+    st = compute(2, status.Observed.read(deployment(2, 2, 2)))
+    assert cond(st, "Available")["status"] == "True"
+    assert cond(st, "Progressing")["reason"] == "Stable"
+    assert cond(st, "Degraded")["status"] == "False"
+    assert st["readyReplicas"] == 2 and st["desiredReplicas"] == 2 and st["observedGeneration"] == 4
+
+
+def test_scaling_up_is_progressing() -> None:
+    st = compute(3, status.Observed.read(deployment(3, 1, 3)))
+    assert cond(st, "Progressing")["reason"] == "ScalingUp"
+    assert cond(st, "Available")["status"] == "True"
+
+
+def test_missing_deployment_is_not_available() -> None:
+    st = compute(1, status.Observed.read(None))
+    assert cond(st, "Available")["reason"] == "NoReplicasReady"
+    assert cond(st, "Progressing")["reason"] == "RollingOut"
+
+
+def test_scaled_to_zero() -> None:
+    st = compute(0, status.Observed.read(deployment(0, 0, 0)))
+    assert cond(st, "Available")["reason"] == "ScaledToZero"
+
+
+def test_deadline_exceeded_degrades() -> None:
+    dep = deployment(
+        1,
+        0,
+        1,
+        Progressing={"status": "False", "reason": "ProgressDeadlineExceeded", "message": "x"},
+    )
+    st = compute(1, status.Observed.read(dep))
+    assert cond(st, "Degraded")["reason"] == "ProgressDeadlineExceeded"
+    assert cond(st, "Progressing")["status"] == "False"
+
+
+def test_operator_problems_and_pod_failures_degrade() -> None:
+    pod = {
+        "metadata": {"name": "p1"},
+        "status": {
+            "conditions": [
+                {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                 "message": "0/1 nodes are available: 1 Insufficient nvidia.com/gpu."}
+            ],
+            "containerStatuses": [{"state": {"waiting": {"reason": "CrashLoopBackOff"}}}],
+        },
+    }  # fmt: skip
+    problem = status.Problem("ModelSourceNotFound", "PersistentVolumeClaim w does not exist")
+    st = compute(1, status.Observed.read(deployment(1, 0, 1), [pod]), problems=[problem])
+    degraded = cond(st, "Degraded")
+    assert degraded["status"] == "True" and degraded["reason"] == "ModelSourceNotFound"
+    assert "CrashLoopBackOff" in degraded["message"]
+    limited = cond(st, "CapacityLimited")
+    assert limited["status"] == "True" and "nvidia.com/gpu" in limited["message"]
+
+
+def test_transition_time_moves_only_on_flip() -> None:
+    first = merge([], [Cond("Available", "False", "A", "m")], 1, "t1")
+    same = merge(first, [Cond("Available", "False", "B", "n")], 2, "t2")
+    flipped = merge(same, [Cond("Available", "True", "C", "o")], 3, "t3")
+    assert same[0]["lastTransitionTime"] == "t1" and same[0]["reason"] == "B"
+    assert flipped[0]["lastTransitionTime"] == "t3"
+
+
+def test_conditions_from_other_controllers_are_kept() -> None:
+    other = {"type": "MetricsAvailable", "status": "True", "reason": "R", "message": "",
+             "lastTransitionTime": "t0"}  # fmt: skip
+    merged = merge([other], [Cond("Available", "True", "R", "m")], 1, "t1")
+    assert [c["type"] for c in merged] == ["Available", "MetricsAvailable"]
+
+
+def test_unchanged_status_writes_nothing() -> None:
+    seen = status.Observed.read(deployment(1, 1, 1))
+    first = compute(1, seen, now="t1")
+    again = compute(1, seen, old=first, now="t2")
+    assert status.changes(first, again) == {}
+
+
+def test_replica_events() -> None:
+    assert replica_event(None, None, 1) is None
+    assert replica_event(1, 1, 1) is None
+    scaled = replica_event(1, 1, 2)
+    assert scaled is not None and scaled.reason == "Scaled"
+    restored = replica_event(5, 1, 1)
+    assert restored is not None and restored.reason == "ReplicasRestored"
+    assert restored.type == "Warning"
