@@ -1,0 +1,167 @@
+"""Continuous batching: every step admits work up to a sequence cap and a token budget.
+
+Running sequences go first (decodes and unfinished prefill chunks), then waiting ones in priority
+order. A long prompt is split into chunks that fit the token budget, so it cannot stall decoding.
+When blocks run out the newest running sequence is preempted by recompute and put back at the
+head of the waiting queue. Queues change only in `schedule()` and `postprocess()` (and `abort`).
+No torch here.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from kvscale_engine.block_manager import BlockManager
+from kvscale_engine.config import EngineConfig
+from kvscale_engine.sequence import FinishReason, Sequence, SequenceStatus
+
+StopChecker = Callable[[Sequence], FinishReason | None]
+
+
+@dataclass(frozen=True)
+class ScheduledSeq:
+    seq: Sequence
+    start: int  # first position fed this step (== num_computed_tokens at schedule time)
+    num_new_tokens: int
+
+    @property
+    def end(self) -> int:
+        return self.start + self.num_new_tokens
+
+    @property
+    def samples(self) -> bool:
+        """A step that reaches the last known token produces the next one."""
+        return self.end == self.seq.num_tokens
+
+
+@dataclass
+class ScheduledBatch:
+    seqs: list[ScheduledSeq] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.num_new_tokens for s in self.seqs)
+
+    def __bool__(self) -> bool:
+        return bool(self.seqs)
+
+
+class Scheduler:
+    def __init__(
+        self,
+        config: EngineConfig,
+        block_manager: BlockManager,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self.block_manager = block_manager
+        self.clock = clock
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
+        self.generation_tokens = 0
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> ScheduledBatch:
+        batch = ScheduledBatch()
+        budget = self._schedule_running(batch, self.config.max_num_batched_tokens)
+        if self.config.scheduling == "continuous" or not self.running:
+            self._admit_waiting(batch, budget)
+        for seq in self.waiting:
+            seq.waiting_steps += 1
+        return batch
+
+    def postprocess(
+        self, batch: ScheduledBatch, token_ids: list[int], check_stop: StopChecker
+    ) -> list[Sequence]:
+        """Advance computed counts, append sampled tokens, retire finished sequences."""
+        sampled = iter(token_ids)
+        finished: list[Sequence] = []
+        for item in batch.seqs:
+            seq = item.seq
+            seq.num_computed_tokens = item.end
+            self.block_manager.commit(seq)
+            if not item.samples:
+                continue
+            seq.append_token(next(sampled))
+            self.generation_tokens += 1
+            reason = check_stop(seq)
+            if reason is not None:
+                self._finish(seq, reason)
+                finished.append(seq)
+        return finished
+
+    def abort(self, seq: Sequence) -> None:
+        if seq.status is SequenceStatus.WAITING:
+            self.waiting.remove(seq)
+            seq.status = SequenceStatus.FINISHED
+            seq.finish_reason = "abort"
+        elif seq.status is SequenceStatus.RUNNING:
+            self._finish(seq, "abort")
+
+    def _schedule_running(self, batch: ScheduledBatch, budget: int) -> int:
+        index = 0
+        while index < len(self.running) and budget > 0:
+            seq = self.running[index]
+            num_new = min(seq.num_uncomputed_tokens, budget)
+            if not self._reserve(seq, num_new):
+                break  # seq itself was preempted: nothing newer is left to run
+            batch.seqs.append(ScheduledSeq(seq, seq.num_computed_tokens, num_new))
+            budget -= num_new
+            index += 1
+        return budget
+
+    def _reserve(self, seq: Sequence, num_new: int) -> bool:
+        bm = self.block_manager
+        while not bm.can_allocate(seq, seq.num_computed_tokens + num_new, []):
+            victim = self.running[-1]
+            self._preempt(victim)
+            if victim is seq:
+                return False
+        bm.allocate(seq, seq.num_computed_tokens + num_new, [])
+        return True
+
+    def _admit_waiting(self, batch: ScheduledBatch, budget: int) -> None:
+        bm = self.block_manager
+        for seq in self._admission_order():
+            if len(self.running) >= self.config.max_num_seqs or budget <= 0:
+                return
+            prefix = bm.lookup_prefix(seq)
+            computed = len(prefix) * bm.block_size
+            num_new = min(seq.num_tokens - computed, budget)
+            if not bm.can_allocate(seq, computed + num_new, prefix):
+                return  # head-of-line waits for blocks; smaller requests do not overtake it
+            bm.allocate(seq, computed + num_new, prefix)
+            self.waiting.remove(seq)
+            self.running.append(seq)
+            seq.status = SequenceStatus.RUNNING
+            if seq.first_scheduled_time is None:
+                seq.first_scheduled_time = self.clock()
+            batch.seqs.append(ScheduledSeq(seq, computed, num_new))
+            budget -= num_new
+
+    def _admission_order(self) -> list[Sequence]:
+        """Higher priority first; waiting ages a sequence up one class every N steps."""
+        aging = self.config.priority_aging_steps
+        return sorted(self.waiting, key=lambda s: -(s.priority + s.waiting_steps // aging))
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self.block_manager.free(seq)
+        seq.reset_for_recompute()
+        self.waiting.appendleft(seq)
+        self.num_preemptions += 1
+
+    def _finish(self, seq: Sequence, reason: FinishReason) -> None:
+        self.running.remove(seq)
+        self.block_manager.free(seq)
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason

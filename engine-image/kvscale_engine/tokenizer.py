@@ -1,0 +1,86 @@
+"""Text <-> token ids through the `tokenizers` library, plus the checkpoint's chat template."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import jinja2.sandbox
+import tokenizers
+
+Message = Mapping[str, Any]
+
+
+class Tokenizer:
+    def __init__(
+        self,
+        backend: tokenizers.Tokenizer,
+        eos_token_id: int | None,
+        chat_template: str | None = None,
+        special_tokens: Mapping[str, str] | None = None,
+    ) -> None:
+        self.backend = backend
+        self.eos_token_id = eos_token_id
+        self.chat_template = chat_template
+        self.special_tokens = dict(special_tokens or {})
+        self.vocab_size = backend.get_vocab_size(with_added_tokens=True)
+
+    @classmethod
+    def from_dir(cls, path: str | Path) -> Tokenizer:
+        path = Path(path)
+        backend = tokenizers.Tokenizer.from_file(str(path / "tokenizer.json"))
+        config = _read_json(path / "tokenizer_config.json")
+        special = {k: _token_text(config[k]) for k in ("bos_token", "eos_token") if config.get(k)}
+        eos_id = _eos_from_generation_config(path / "generation_config.json")
+        if eos_id is None and "eos_token" in special:
+            eos_id = backend.token_to_id(special["eos_token"])
+        return cls(backend, eos_id, config.get("chat_template"), special)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        ids: list[int] = self.backend.encode(text, add_special_tokens=add_special_tokens).ids
+        return ids
+
+    def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        known = [t for t in token_ids if 0 <= t < self.vocab_size]  # dummy models overshoot
+        text: str = self.backend.decode(known, skip_special_tokens=skip_special_tokens)
+        return text
+
+    def apply_chat_template(
+        self, messages: Sequence[Message], add_generation_prompt: bool = True
+    ) -> str:
+        if not self.chat_template:
+            raise ValueError("this model has no chat template")
+        env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        env.globals["raise_exception"] = _raise_template_error
+        template = env.from_string(self.chat_template)
+        rendered: str = template.render(
+            messages=list(messages),
+            add_generation_prompt=add_generation_prompt,
+            **self.special_tokens,
+        )
+        return rendered
+
+
+def _raise_template_error(message: str) -> None:
+    raise ValueError(message)
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    if not path.exists():
+        return {}
+    data: dict[str, Any] = json.loads(path.read_text())
+    return data
+
+
+def _token_text(value: Any) -> str:
+    return str(value["content"]) if isinstance(value, dict) else str(value)
+
+
+def _eos_from_generation_config(path: Path) -> int | None:
+    eos = _read_json(path).get("eos_token_id")
+    if isinstance(eos, list):
+        return int(eos[0]) if eos else None
+    return None if eos is None else int(eos)
