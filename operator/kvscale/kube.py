@@ -48,7 +48,7 @@ class Kube:
 
     api_client: client.ApiClient
 
-    def _call(
+    def request(
         self,
         method: str,
         path: str,
@@ -78,10 +78,10 @@ class Kube:
         return f"{base}/{name}" if name else base
 
     def get(self, api_version: str, kind: str, namespace: str, name: str) -> JSON | None:
-        return self._call("GET", self._path(api_version, kind, namespace, name))
+        return self.request("GET", self._path(api_version, kind, namespace, name))
 
     def list_pods(self, namespace: str, selector: str) -> list[JSON]:
-        found = self._call(
+        found = self.request(
             "GET", self._path("v1", "Pod", namespace), query=[("labelSelector", selector)]
         )
         return list((found or {}).get("items", []))
@@ -91,14 +91,24 @@ class Kube:
         meta = obj["metadata"]
         path = self._path(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"])
         query = [("fieldManager", FIELD_MANAGER), ("force", "true")]
-        result = self._call("PATCH", path, obj, query, "application/apply-patch+yaml")
+        result = self.request("PATCH", path, obj, query, "application/apply-patch+yaml")
         if result is None:
             raise KubeError(404, f"{obj['kind']} {meta['name']} vanished while applying")
         return result
 
+    def create(self, obj: JSON, strict: bool = False) -> JSON:
+        """Creates an object; `strict` refuses unknown fields, as `kubectl` does by default."""
+        meta = obj["metadata"]
+        query = [("fieldValidation", "Strict")] if strict else []
+        path = self._path(obj["apiVersion"], obj["kind"], meta["namespace"])
+        created = self.request("POST", path, obj, query)
+        if created is None:
+            raise KubeError(404, f"namespace {meta['namespace']} not found")
+        return created
+
     def patch_endpoint_status(self, namespace: str, name: str, status: JSON) -> None:
         path = self._path(f"{api.GROUP}/{api.VERSION}", api.KIND, namespace, name) + "/status"
-        self._call("PATCH", path, {"status": status}, None, "application/merge-patch+json")
+        self.request("PATCH", path, {"status": status}, None, "application/merge-patch+json")
 
     def post_event(self, involved: JSON, kind: str, reason: str, message: str) -> None:
         """Records an Event on an object, as `kubectl describe` shows them."""
@@ -123,7 +133,7 @@ class Kube:
             "lastTimestamp": now,
             "count": 1,
         }
-        self._call("POST", self._path("v1", "Event", meta["namespace"]), event)
+        self.request("POST", self._path("v1", "Event", meta["namespace"]), event)
 
 
 def _message(data: bytes | None) -> str:

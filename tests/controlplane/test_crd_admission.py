@@ -1,0 +1,198 @@
+"""The real API server refuses malformed LLMEndpoints at admission, with a readable reason."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from kvscale.kube import Kube, KubeError
+
+VALID: dict[str, Any] = {
+    "apiVersion": "kvscale.io/v1alpha1",
+    "kind": "LLMEndpoint",
+    "metadata": {"name": "probe"},
+    "spec": {"model": {"name": "tiny", "source": {"dummy": {}}}},
+}
+
+
+def with_spec(**changes: Any) -> dict[str, Any]:
+    obj = copy.deepcopy(VALID)
+    for path, value in changes.items():
+        node = obj
+        *parents, leaf = path.split("__")
+        for key in parents:
+            node = node.setdefault(key, {})
+        if value is DELETE:
+            node.pop(leaf, None)
+        else:
+            node[leaf] = value
+    return obj
+
+
+DELETE = object()
+
+# (case id, the object, a phrase the refusal must contain)
+MALFORMED: list[tuple[str, dict[str, Any], str]] = [
+    ("negative-min-replicas", with_spec(spec__scaling={"minReplicas": -1}), "minReplicas"),
+    ("zero-max-replicas", with_spec(spec__scaling={"maxReplicas": 0}), "maxReplicas"),
+    (
+        "swapped-replica-bounds",
+        with_spec(spec__scaling={"minReplicas": 5, "maxReplicas": 2}),
+        "minReplicas must not exceed scaling.maxReplicas",
+    ),
+    ("negative-pinned-replicas", with_spec(spec__replicas=-2), "spec.replicas"),
+    (
+        "pinned-above-max",
+        with_spec(spec__replicas=9, spec__scaling={"maxReplicas": 4}),
+        "spec.replicas must not exceed scaling.maxReplicas",
+    ),
+    (
+        "scale-to-zero-without-min-zero",
+        with_spec(spec__scaling={"minReplicas": 1, "scaleToZeroAfterSeconds": 300}),
+        "scaleToZeroAfterSeconds needs scaling.minReplicas: 0",
+    ),
+    (
+        "unknown-engine-kind",
+        with_spec(spec__engine={"kind": "tgi"}),
+        'supported values: "kvscale", "vllm"',
+    ),
+    ("bad-block-size", with_spec(spec__engine={"blockSize": 12}), "blockSize"),
+    ("zero-memory-fraction", with_spec(spec__engine={"memoryFraction": 0}), "memoryFraction"),
+    (
+        "memory-fraction-above-one",
+        with_spec(spec__engine={"memoryFraction": 1.5}),
+        "memoryFraction",
+    ),
+    ("zero-max-num-seqs", with_spec(spec__engine={"maxNumSeqs": 0}), "maxNumSeqs"),
+    (
+        "token-budget-below-seqs",
+        with_spec(spec__engine={"maxNumSeqs": 512, "maxNumBatchedTokens": 256}),
+        "maxNumBatchedTokens must be at least engine.maxNumSeqs",
+    ),
+    ("empty-image", with_spec(spec__engine={"image": ""}), "image"),
+    (
+        "bad-cpu-quantity",
+        with_spec(spec__resources={"cpu": "two"}),
+        "must be a Kubernetes quantity",
+    ),
+    (
+        "bad-memory-quantity",
+        with_spec(spec__resources={"memory": "8 GB"}),
+        "must be a Kubernetes quantity",
+    ),
+    ("negative-gpus", with_spec(spec__resources={"gpusPerReplica": -1}), "gpusPerReplica"),
+    ("too-many-gpus", with_spec(spec__resources={"gpusPerReplica": 64}), "gpusPerReplica"),
+    ("empty-model-name", with_spec(spec__model__name=""), "spec.model.name"),
+    ("missing-model", with_spec(spec__model=DELETE), "spec.model: Required value"),
+    (
+        "missing-model-source",
+        with_spec(spec__model__source=DELETE),
+        "spec.model.source: Required value",
+    ),
+    (
+        "two-model-sources",
+        with_spec(spec__model__source={"dummy": {}, "hostPath": {"path": "/m"}}),
+        "exactly one of hostPath, pvc or dummy",
+    ),
+    (
+        "no-model-source",
+        with_spec(spec__model__source={}),
+        "exactly one of hostPath, pvc or dummy",
+    ),
+    (
+        "relative-host-path",
+        with_spec(spec__model__source={"hostPath": {"path": "models/llama"}}),
+        "spec.model.source.hostPath.path",
+    ),
+    (
+        "unknown-dummy-architecture",
+        with_spec(spec__model__source={"dummy": {"architecture": "gpt2"}}),
+        "architecture",
+    ),
+    ("tiny-context", with_spec(spec__model__maxModelLen=8), "maxModelLen"),
+    ("zero-ttft-slo", with_spec(spec__slo={"ttftP99Seconds": 0}), "ttftP99Seconds"),
+    ("negative-itl-slo", with_spec(spec__slo={"itlP99Seconds": -0.1}), "itlP99Seconds"),
+    ("attainment-above-one", with_spec(spec__slo={"attainmentTarget": 1.2}), "attainmentTarget"),
+    (
+        "duplicate-traffic-classes",
+        with_spec(spec__trafficClasses=[{"name": "chat"}, {"name": "chat"}]),
+        "trafficClasses names must be unique",
+    ),
+    (
+        "bad-class-name",
+        with_spec(spec__trafficClasses=[{"name": "Chat_Class"}]),
+        "spec.trafficClasses[0].name",
+    ),
+    (
+        "zero-class-wait",
+        with_spec(spec__trafficClasses=[{"name": "chat", "maxQueueWaitSeconds": 0}]),
+        "maxQueueWaitSeconds",
+    ),
+    (
+        "prometheus-without-url",
+        with_spec(spec__scaling={"signals": {"source": "prometheus"}}),
+        "prometheusUrl is required when source is prometheus",
+    ),
+    (
+        "bad-prometheus-url",
+        with_spec(
+            spec__scaling={"signals": {"source": "prometheus", "prometheusUrl": "prom:9090"}}
+        ),
+        "prometheusUrl",
+    ),
+    (
+        "unknown-signal-source",
+        with_spec(spec__scaling={"signals": {"source": "datadog"}}),
+        "source",
+    ),
+    ("negative-headroom", with_spec(spec__scaling={"headroom": -0.1}), "headroom"),
+    ("negative-price", with_spec(spec__cost={"gpuHourPrice": -1}), "gpuHourPrice"),
+    ("bad-currency", with_spec(spec__cost={"currency": "dollars"}), "currency"),
+    ("unknown-top-level-field", with_spec(spec__autoscale=True), 'unknown field "spec.autoscale"'),
+    (
+        "unknown-nested-field",
+        with_spec(spec__engine={"gpus": 2}),
+        'unknown field "spec.engine.gpus"',
+    ),
+    ("string-for-integer", with_spec(spec__scaling={"maxReplicas": "four"}), "maxReplicas"),
+    ("missing-spec", with_spec(spec=DELETE), "spec: Required value"),
+]
+
+
+def test_the_table_is_large_enough() -> None:
+    assert len(MALFORMED) >= 25
+    assert len({case for case, _, _ in MALFORMED}) == len(MALFORMED)
+
+
+@pytest.mark.parametrize(("case", "obj", "phrase"), MALFORMED, ids=[c for c, _, _ in MALFORMED])
+def test_malformed_endpoint_is_refused(
+    kube: Kube, crd: None, namespace: str, case: str, obj: dict[str, Any], phrase: str
+) -> None:
+    obj = copy.deepcopy(obj)
+    obj["metadata"] = {"name": case, "namespace": namespace}
+    with pytest.raises(KubeError) as refused:
+        kube.create(obj, strict=True)
+    assert refused.value.status in (400, 422), refused.value.message
+    assert phrase in refused.value.message, refused.value.message
+    assert kube.get("kvscale.io/v1alpha1", "LLMEndpoint", namespace, case) is None
+
+
+def test_valid_endpoint_is_accepted_with_defaults(kube: Kube, crd: None, namespace: str) -> None:
+    obj = copy.deepcopy(VALID)
+    obj["metadata"]["namespace"] = namespace
+    created = kube.create(obj, strict=True)
+    spec = created["spec"]
+    assert spec["engine"]["kind"] == "kvscale" and spec["engine"]["blockSize"] == 16
+    assert spec["scaling"] == {
+        "minReplicas": 1,
+        "maxReplicas": 4,
+        "capacityIntervalSeconds": 60,
+        "routingIntervalSeconds": 3.0,
+        "forecastHorizonSeconds": 300,
+        "headroom": 0.2,
+        "scaleDownStabilizationSeconds": 300,
+        "signals": {"source": "direct"},
+    }
+    assert spec["model"]["maxModelLen"] == 4096
