@@ -9,7 +9,6 @@ import yaml
 from kopf.testing import KopfRunner
 
 from kvscale.kube import Kube
-from kvscale_cluster.wait import wait_for
 
 from .conftest import ROOT, kubectl
 from .test_reconcile import endpoint, wait_available
@@ -111,11 +110,6 @@ def test_operator_runs_with_only_its_rbac(
         if d["kind"] in ("Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding")
     ]
     kubectl(cluster, "apply", "--server-side", "-f", "-", stdin=yaml.safe_dump_all(docs))
-    wait_for(
-        lambda: kube.get("v1", "Service", "default", "kubernetes") is not None,
-        timeout=10,
-        what="the API server",
-    )
     monkeypatch.setenv("KUBECONFIG", str(_operator_kubeconfig(cluster, kube, tmp_path)))
     args = ["run", "--standalone", "--all-namespaces", "-m", "kvscale.handlers"]
     kube.create(endpoint(namespace))
