@@ -13,7 +13,7 @@ from kvscale.kube import Kube
 from .conftest import ROOT, kubectl
 from .test_reconcile import endpoint, wait_available
 
-HERE = Path(__file__).parent
+SERVICEMONITOR_CRD = ROOT / "e2e" / "crds" / "servicemonitors.monitoring.coreos.com.yaml"
 NAMESPACE = "kvscale-system"
 
 
@@ -36,7 +36,7 @@ def test_manifests_render_every_part(cluster: Any) -> None:
 
 
 def test_manifests_pass_a_server_side_dry_run(cluster: Any, crd: None) -> None:
-    kubectl(cluster, "apply", "--server-side", "-f", str(HERE / "servicemonitor-crd.yaml"))
+    kubectl(cluster, "apply", "--server-side", "-f", str(SERVICEMONITOR_CRD))
     kubectl(
         cluster,
         "wait",
