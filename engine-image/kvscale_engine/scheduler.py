@@ -26,15 +26,15 @@ class ScheduledSeq:
     seq: Sequence
     start: int  # first position fed this step (== num_computed_tokens at schedule time)
     num_new_tokens: int
+    samples: bool  # the step reaches the last known token, so it produces the next one
+
+    @classmethod
+    def of(cls, seq: Sequence, start: int, num_new_tokens: int) -> ScheduledSeq:
+        return cls(seq, start, num_new_tokens, start + num_new_tokens == seq.num_tokens)
 
     @property
     def end(self) -> int:
         return self.start + self.num_new_tokens
-
-    @property
-    def samples(self) -> bool:
-        """A step that reaches the last known token produces the next one."""
-        return self.end == self.seq.num_tokens
 
 
 @dataclass
@@ -114,7 +114,7 @@ class Scheduler:
             num_new = min(seq.num_uncomputed_tokens, budget)
             if not self._reserve(seq, num_new):
                 break  # seq itself was preempted: nothing newer is left to run
-            batch.seqs.append(ScheduledSeq(seq, seq.num_computed_tokens, num_new))
+            batch.seqs.append(ScheduledSeq.of(seq, seq.num_computed_tokens, num_new))
             budget -= num_new
             index += 1
         return budget
@@ -145,7 +145,7 @@ class Scheduler:
             seq.status = SequenceStatus.RUNNING
             if seq.first_scheduled_time is None:
                 seq.first_scheduled_time = self.clock()
-            batch.seqs.append(ScheduledSeq(seq, computed, num_new))
+            batch.seqs.append(ScheduledSeq.of(seq, computed, num_new))
             budget -= num_new
 
     def _admission_order(self) -> list[Sequence]:

@@ -1,0 +1,245 @@
+"""Attention over the paged KV cache.
+
+Each layer's cache is a flat [slots, kv_heads, head_dim] pair; slot = block_id * block_size +
+offset. A step writes its new K/V at `slot_mapping`, then attends over each sequence's slots:
+
+- `reference` (CPU and GPU): decodes batched into one SDPA call over gathered, padded contexts;
+  each prefill chunk its own SDPA call (plain causal when the chunk is the whole context).
+- `flex` (CUDA): one FlexAttention call over the packed batch with a block-sparse mask that
+  keeps each query inside its own sequence and causal; compiled once, dynamic shapes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+FLEX_PAD = 128
+
+
+@dataclass(frozen=True)
+class SeqSpan:
+    """One sequence's slice of the flattened batch."""
+
+    start: int  # position of its first new token
+    num_tokens: int
+    block_table: list[int]
+
+    @property
+    def end(self) -> int:
+        return self.start + self.num_tokens
+
+
+@dataclass(frozen=True)
+class PrefillSpan:
+    q_start: int
+    q_len: int
+    kv_index: torch.Tensor | None  # None: the chunk is the whole context, use fresh K/V
+    mask: torch.Tensor | None  # None: plain causal
+
+
+@dataclass
+class AttentionMetadata:
+    slot_mapping: torch.Tensor
+    num_decodes: int = 0
+    decode_kv_index: torch.Tensor | None = None
+    decode_mask: torch.Tensor | None = None
+    prefills: list[PrefillSpan] = field(default_factory=list)
+    flex: FlexInputs | None = None
+
+
+@dataclass(frozen=True)
+class FlexInputs:
+    kv_index: torch.Tensor
+    block_mask: Any
+    num_queries: int
+
+
+def slots_of(block_table: torch.Tensor, positions: torch.Tensor, block_size: int) -> torch.Tensor:
+    return block_table[positions // block_size] * block_size + positions % block_size
+
+
+def build_metadata(
+    spans: list[SeqSpan],
+    block_size: int,
+    window: int | None,
+    device: torch.device,
+    flex: bool = False,
+) -> AttentionMetadata:
+    """`spans` lists decodes (one token) first, then prefill chunks."""
+    tables = [torch.tensor(s.block_table, dtype=torch.long) for s in spans]
+    positions = [torch.arange(s.start, s.end) for s in spans]
+    slots = torch.cat([slots_of(t, p, block_size) for t, p in zip(tables, positions, strict=True)])
+    meta = AttentionMetadata(slot_mapping=slots.to(device))
+    if flex:
+        meta.flex = _flex_inputs(spans, tables, positions, block_size, window, device)
+        return meta
+    decodes = [i for i, s in enumerate(spans) if s.num_tokens == 1]
+    meta.num_decodes = len(decodes)
+    if decodes:
+        _decode_inputs(meta, [spans[i] for i in decodes], block_size, window, device)
+    q_start = len(decodes)
+    for span, table, pos in list(zip(spans, tables, positions, strict=True))[len(decodes) :]:
+        meta.prefills.append(_prefill_span(span, table, pos, q_start, block_size, window, device))
+        q_start += span.num_tokens
+    return meta
+
+
+def _decode_inputs(
+    meta: AttentionMetadata,
+    spans: list[SeqSpan],
+    block_size: int,
+    window: int | None,
+    device: torch.device,
+) -> None:
+    max_len = max(s.end for s in spans)
+    max_blocks = -(-max_len // block_size)
+    tables = torch.zeros(len(spans), max_blocks, dtype=torch.long)
+    for row, s in enumerate(spans):
+        tables[row, : len(s.block_table[:max_blocks])] = torch.tensor(s.block_table[:max_blocks])
+    pos = torch.arange(max_len).unsqueeze(0)
+    ends = torch.tensor([s.end for s in spans]).unsqueeze(1)
+    meta.decode_kv_index = (tables.gather(1, pos // block_size) * block_size + pos % block_size).to(
+        device
+    )
+    mask = pos < ends
+    if window is not None:
+        mask &= pos > ends - 1 - window
+    meta.decode_mask = mask[:, None, None, :].to(device)
+
+
+def _prefill_span(
+    span: SeqSpan,
+    table: torch.Tensor,
+    pos: torch.Tensor,
+    q_start: int,
+    block_size: int,
+    window: int | None,
+    device: torch.device,
+) -> PrefillSpan:
+    fresh = span.start == 0
+    kv_pos = torch.arange(span.end)
+    mask = kv_pos.unsqueeze(0) <= pos.unsqueeze(1)
+    if window is not None and span.end > window:
+        mask &= kv_pos.unsqueeze(0) > pos.unsqueeze(1) - window
+    elif fresh:
+        return PrefillSpan(q_start, span.num_tokens, None, None)  # plain causal
+    kv_index = None if fresh else slots_of(table, kv_pos, block_size).to(device)
+    return PrefillSpan(q_start, span.num_tokens, kv_index, mask.to(device))
+
+
+def _flex_inputs(
+    spans: list[SeqSpan],
+    tables: list[torch.Tensor],
+    positions: list[torch.Tensor],
+    block_size: int,
+    window: int | None,
+    device: torch.device,
+) -> FlexInputs:
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    num_q = sum(s.num_tokens for s in spans)
+    kv_pos = [torch.arange(s.end) for s in spans]
+    kv_index = torch.cat([slots_of(t, p, block_size) for t, p in zip(tables, kv_pos, strict=True)])
+    q_seq = _padded(torch.cat([torch.full((s.num_tokens,), i) for i, s in enumerate(spans)]), -1)
+    kv_seq = _padded(torch.cat([torch.full((s.end,), i) for i, s in enumerate(spans)]), -2)
+    q_pos, k_pos = _padded(torch.cat(positions), 0), _padded(torch.cat(kv_pos), 0)
+    q_seq, kv_seq, q_pos, k_pos = (t.to(device) for t in (q_seq, kv_seq, q_pos, k_pos))
+
+    def mask_mod(b: Any, h: Any, q: Any, kv: Any) -> Any:
+        keep = (q_seq[q] == kv_seq[kv]) & (k_pos[kv] <= q_pos[q])
+        return keep if window is None else keep & (k_pos[kv] > q_pos[q] - window)
+
+    block_mask = create_block_mask(
+        mask_mod, None, None, len(q_seq), len(kv_seq), device=str(device)
+    )
+    return FlexInputs(_padded(kv_index, 0).to(device), block_mask, num_q)
+
+
+def _padded(t: torch.Tensor, value: int) -> torch.Tensor:
+    pad = -len(t) % FLEX_PAD
+    return torch.cat([t, torch.full((pad,), value, dtype=t.dtype)]) if pad else t
+
+
+class PagedAttention(torch.nn.Module):
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.scale = head_dim**-0.5
+        self.flex_fn: Callable[..., torch.Tensor] | None = None  # set by the model runner
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        kv_cache: tuple[torch.Tensor, torch.Tensor],
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        """q: [tokens, heads, dim]; k, v: [tokens, kv_heads, dim]; returns [tokens, heads, dim]."""
+        k_cache, v_cache = kv_cache
+        k_cache.index_copy_(0, meta.slot_mapping, k)
+        v_cache.index_copy_(0, meta.slot_mapping, v)
+        if meta.flex is not None:
+            return self._flex(q, k_cache, v_cache, meta.flex)
+        out = torch.empty_like(q)
+        if meta.num_decodes:  # decode
+            out[: meta.num_decodes] = self._decode(q[: meta.num_decodes], k_cache, v_cache, meta)
+        for span in meta.prefills:  # prefill
+            rows = slice(span.q_start, span.q_start + span.q_len)
+            if span.kv_index is None:
+                out[rows] = self._sdpa(q[rows], k[rows], v[rows], span.mask)
+            else:
+                kk, vv = k_cache[span.kv_index], v_cache[span.kv_index]
+                out[rows] = self._sdpa(q[rows], kk, vv, span.mask)
+        return out
+
+    def _sdpa(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
+    ) -> torch.Tensor:
+        o = F.scaled_dot_product_attention(
+            q.transpose(0, 1).unsqueeze(0),
+            k.transpose(0, 1).unsqueeze(0),
+            v.transpose(0, 1).unsqueeze(0),
+            attn_mask=mask,
+            is_causal=mask is None,
+            scale=self.scale,
+            enable_gqa=True,
+        )
+        return o.squeeze(0).transpose(0, 1)
+
+    def _decode(
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, m: AttentionMetadata
+    ) -> torch.Tensor:
+        assert m.decode_kv_index is not None
+        kk = k_cache[m.decode_kv_index].transpose(1, 2)  # [batch, kv_heads, ctx, dim]
+        vv = v_cache[m.decode_kv_index].transpose(1, 2)
+        o = F.scaled_dot_product_attention(
+            q.unsqueeze(2), kk, vv, attn_mask=m.decode_mask, scale=self.scale, enable_gqa=True
+        )
+        return o.squeeze(2)
+
+    def _flex(
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, f: FlexInputs
+    ) -> torch.Tensor:
+        assert self.flex_fn is not None, "flex metadata without a flex attention function"
+        qq = q.new_zeros(_padded_len(q.shape[0]), q.shape[1], q.shape[2])
+        qq[: q.shape[0]] = q
+        kk, vv = k_cache[f.kv_index], v_cache[f.kv_index]
+        o = self.flex_fn(
+            qq.transpose(0, 1).unsqueeze(0),
+            kk.transpose(0, 1).unsqueeze(0),
+            vv.transpose(0, 1).unsqueeze(0),
+            block_mask=f.block_mask,
+            scale=self.scale,
+            enable_gqa=True,
+        )
+        return o.squeeze(0).transpose(0, 1)[: f.num_queries]
+
+
+def _padded_len(n: int) -> int:
+    return n + (-n % FLEX_PAD)
