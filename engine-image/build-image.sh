@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# Builds the kvscale engine image (kvscale/engine) where no container registry can be reached.
+#
+# The base image is a Debian root file system made by debootstrap and turned into an image by
+# `docker import`, so nothing is pulled from a registry. Python packages come from PyPI through
+# `--network host` with the host's CA bundle, which is copied into the builder stage only.
+# On an ordinary machine with Docker Hub, skip debootstrap:
+#     BASE_IMAGE=python:3.11-slim-bookworm engine-image/build-image.sh
+#
+# Environment: VARIANT=cpu|cuda (default cpu), TAG (default $VARIANT), BASE_IMAGE (default: the
+# debootstrap image below), DEBIAN_MIRROR, CA_BUNDLE.
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+VARIANT=${VARIANT:-cpu}
+TAG=${TAG:-$VARIANT}
+IMAGE=kvscale/engine
+SUITE=bookworm
+DEBOOTSTRAP_BASE=kvscale/debian-base:$SUITE
+BASE_IMAGE=${BASE_IMAGE:-$DEBOOTSTRAP_BASE}
+DEBIAN_MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
+CA_BUNDLE=${CA_BUNDLE:-/etc/ssl/certs/ca-certificates.crt}
+WORK=build/engine-image
+export DOCKER_BUILDKIT=0  # the classic builder: Debian's docker.io ships without buildx
+
+log() { printf '[build-image] %s\n' "$*" >&2; }
+
+wait_for_docker() {
+    for _ in $(seq 1 120); do
+        docker info >/dev/null 2>&1 && return 0
+        sleep 0.5
+    done
+    log "Docker did not come up; see $WORK/dockerd.log"
+    return 1
+}
+
+ensure_dockerd() {
+    docker info >/dev/null 2>&1 && return 0
+    command -v dockerd >/dev/null || { log "dockerd not found: apt-get install docker.io"; exit 1; }
+    log "Started dockerd (no bridge, no iptables)"
+    mkdir -p "$WORK"
+    nohup dockerd --bridge=none --iptables=false >"$WORK/dockerd.log" 2>&1 &
+    wait_for_docker
+}
+
+ensure_debootstrap_base() {
+    [[ "$BASE_IMAGE" == "$DEBOOTSTRAP_BASE" ]] || return 0
+    docker image inspect "$DEBOOTSTRAP_BASE" >/dev/null 2>&1 && return 0
+    command -v debootstrap >/dev/null || { log "debootstrap not found: apt-get install debootstrap"; exit 1; }
+    local rootfs="$WORK/rootfs"
+    rm -rf "$rootfs"
+    log "Bootstrapped Debian $SUITE into $rootfs"
+    debootstrap --variant=minbase --include=python3,python3-venv,ca-certificates \
+        "$SUITE" "$rootfs" "$DEBIAN_MIRROR" >"$WORK/debootstrap.log"
+    rm -rf "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/lib/apt/lists/*
+    tar -C "$rootfs" -c . | docker import \
+        --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
+        --change 'CMD ["/bin/bash"]' - "$DEBOOTSTRAP_BASE" >/dev/null
+    rm -rf "$rootfs"
+    log "Imported $DEBOOTSTRAP_BASE"
+}
+
+stage_context() {
+    # Only the files git knows about (tracked or not ignored): never .venv or build outputs.
+    local ctx="$WORK/context"
+    rm -rf "$ctx" && mkdir -p "$ctx"
+    git ls-files -co --exclude-standard -- pyproject.toml README.md operator engine-image e2e \
+        | tar -c -T - | tar -x -C "$ctx"
+    cp "$CA_BUNDLE" "$ctx/ca-bundle.crt"
+    echo "$ctx"
+}
+
+main() {
+    ensure_dockerd
+    ensure_debootstrap_base
+    [[ "${1:-}" == "--base-only" ]] && return 0
+    local ctx
+    ctx=$(stage_context)
+    log "Building $IMAGE:$TAG (variant $VARIANT) from $BASE_IMAGE"
+    docker build --network host \
+        --build-arg BASE_IMAGE="$BASE_IMAGE" --build-arg VARIANT="$VARIANT" \
+        -f engine-image/Dockerfile -t "$IMAGE:$TAG" "$ctx"
+    docker tag "$IMAGE:$TAG" "$IMAGE:latest"
+    log "Built $IMAGE:$TAG"
+}
+
+main "$@"

@@ -1,0 +1,264 @@
+"""Admission control: decide, per traffic class, whether a request runs now, waits, or is refused.
+
+Continuous batching admits everything, so a burst above capacity lands in the engine's queue and
+every request's time to first token grows with it. Refusing early and fast (HTTP 429 with
+Retry-After) keeps the p99 of the requests that are admitted inside the SLO and lets a router or
+client go elsewhere. The replica-wide concurrency limit is the number of requests whose KV cache
+fits in the budget; each class has its own limit, queue bound and maximum queue wait.
+
+Pure logic: time is passed in, nothing here blocks or sleeps. Higher `priority` is served first,
+as in the LLMEndpoint spec and the engine's scheduler.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Reason = Literal["queue_full", "deadline", "timeout", "draining"]
+DEFAULT_CLASS_NAME = "default"
+_DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(ms|s|m)?\s*$")
+
+
+class AdmissionConfigError(ValueError):
+    """A traffic-class setting is invalid."""
+
+
+@dataclass(frozen=True)
+class TrafficClass:
+    name: str = DEFAULT_CLASS_NAME
+    priority: int = 0
+    max_concurrency: int | None = None  # None: only the replica-wide limit applies
+    max_queue: int = 256
+    max_queue_wait_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        if not re.fullmatch(r"[A-Za-z0-9_.-]{1,63}", self.name):
+            raise AdmissionConfigError(f"traffic class name {self.name!r} is not a simple name")
+        if self.max_concurrency is not None and self.max_concurrency < 1:
+            raise AdmissionConfigError(f"{self.name}: maxConcurrency must be >= 1")
+        if self.max_queue < 0:
+            raise AdmissionConfigError(f"{self.name}: maxQueue must be >= 0")
+        if not self.max_queue_wait_s >= 0:
+            raise AdmissionConfigError(f"{self.name}: maxQueueWait must be >= 0")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    outcome: Literal["admit", "queue", "reject"]
+    reason: Reason | None = None
+    retry_after_s: float = 0.0
+
+
+@dataclass
+class _Waiter:
+    ticket: int
+    traffic_class: TrafficClass
+    arrival: float
+
+
+@dataclass
+class _Running:
+    traffic_class: TrafficClass
+    admitted_at: float
+
+
+@dataclass
+class _ServiceTime:
+    """Exponentially weighted mean of how long an admitted request holds its slot."""
+
+    alpha: float = 0.1
+    mean_s: float | None = None
+
+    def observe(self, seconds: float) -> None:
+        if self.mean_s is None:
+            self.mean_s = seconds
+        else:
+            self.mean_s += self.alpha * (seconds - self.mean_s)
+
+
+@dataclass
+class AdmissionController:
+    classes: tuple[TrafficClass, ...]
+    limit: int | None  # replica-wide concurrency; None: unlimited
+    default_class: str = DEFAULT_CLASS_NAME
+    draining: bool = False
+    _by_name: dict[str, TrafficClass] = field(init=False)
+    _queues: dict[str, deque[_Waiter]] = field(init=False)
+    _running: dict[int, _Running] = field(init=False, default_factory=dict)
+    _per_class: dict[str, int] = field(init=False)
+    _service: _ServiceTime = field(init=False, default_factory=_ServiceTime)
+
+    def __post_init__(self) -> None:
+        if not self.classes:
+            self.classes = (TrafficClass(self.default_class),)
+        self._by_name = {c.name: c for c in self.classes}
+        if len(self._by_name) != len(self.classes):
+            raise AdmissionConfigError("traffic class names must be unique")
+        if self.default_class not in self._by_name:
+            self.default_class = self.classes[0].name
+        if self.limit is not None and self.limit < 1:
+            raise AdmissionConfigError(f"concurrency limit must be >= 1, got {self.limit}")
+        self._queues = {c.name: deque() for c in self.classes}
+        self._per_class = {c.name: 0 for c in self.classes}
+
+    def resolve(self, name: str | None) -> TrafficClass:
+        """The class a request names, or the default for a missing or unknown name."""
+        return self._by_name.get(name or "", self._by_name[self.default_class])
+
+    def offer(self, ticket: int, traffic_class: TrafficClass, now: float) -> Verdict:
+        if self.draining:
+            return Verdict("reject", "draining", 1.0)
+        if self._can_start(traffic_class) and not self._queues[traffic_class.name]:
+            self._start(ticket, traffic_class, now)
+            return Verdict("admit")
+        queue = self._queues[traffic_class.name]
+        predicted = self.predicted_wait_s(traffic_class)
+        retry = max(1.0, math.ceil(predicted))
+        if len(queue) >= traffic_class.max_queue:
+            return Verdict("reject", "queue_full", retry)
+        if predicted > traffic_class.max_queue_wait_s:
+            return Verdict("reject", "deadline", retry)
+        queue.append(_Waiter(ticket, traffic_class, now))
+        return Verdict("queue")
+
+    def release(self, ticket: int, now: float) -> list[int]:
+        """An admitted request finished; returns the queued tickets that may start now."""
+        running = self._running.pop(ticket)
+        self._per_class[running.traffic_class.name] -= 1
+        self._service.observe(now - running.admitted_at)
+        return self.dispatch(now)
+
+    def cancel(self, ticket: int) -> bool:
+        """Remove a ticket still in a queue (timed out, or its client left); False if not queued."""
+        for queue in self._queues.values():
+            for waiter in queue:
+                if waiter.ticket == ticket:
+                    queue.remove(waiter)
+                    return True
+        return False
+
+    def dispatch(self, now: float) -> list[int]:
+        """Start queued tickets while there are free slots, most important class first."""
+        started: list[int] = []
+        for cls in sorted(self.classes, key=lambda c: -c.priority):
+            queue = self._queues[cls.name]
+            while queue and self._can_start(cls):
+                waiter = queue.popleft()
+                self._start(waiter.ticket, cls, now)
+                started.append(waiter.ticket)
+        return started
+
+    def predicted_wait_s(self, traffic_class: TrafficClass) -> float:
+        """Expected queue wait of a request of this class that arrives now.
+
+        Requests ahead of it are the queued ones of equal or more important classes; slots free up
+        at `limit / mean service time` per second. Unknown before the first request completes.
+        """
+        mean = self._service.mean_s
+        if mean is None:
+            return 0.0
+        ahead = sum(
+            len(self._queues[c.name]) for c in self.classes if c.priority >= traffic_class.priority
+        )
+        slots = self._slots(traffic_class)
+        return (ahead + 1) * mean / slots
+
+    def start_draining(self) -> None:
+        self.draining = True
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._running)
+
+    @property
+    def queued(self) -> int:
+        return sum(len(q) for q in self._queues.values())
+
+    def load(self) -> dict[str, tuple[int, int]]:
+        """Per class: (queued, in flight)."""
+        return {c.name: (len(self._queues[c.name]), self._per_class[c.name]) for c in self.classes}
+
+    def _slots(self, cls: TrafficClass) -> int:
+        limits = [x for x in (self.limit, cls.max_concurrency) if x is not None]
+        return max(1, min(limits)) if limits else max(1, self.in_flight)
+
+    def _can_start(self, cls: TrafficClass) -> bool:
+        if self.limit is not None and self.in_flight >= self.limit:
+            return False
+        return cls.max_concurrency is None or self._per_class[cls.name] < cls.max_concurrency
+
+    def _start(self, ticket: int, cls: TrafficClass, now: float) -> None:
+        self._running[ticket] = _Running(cls, now)
+        self._per_class[cls.name] += 1
+
+
+def derive_concurrency_limit(
+    num_kv_blocks: int, block_size: int, max_model_len: int, max_num_seqs: int
+) -> int:
+    """How many requests fit in the KV budget when each may grow to max_model_len tokens."""
+    blocks_per_request = math.ceil(max_model_len / block_size)
+    return max(1, min(max_num_seqs, num_kv_blocks // blocks_per_request))
+
+
+def parse_duration_s(value: Any) -> float:
+    """Seconds from a number or a string such as '250ms', '2s', '1m', '1.5'."""
+    if isinstance(value, bool):
+        raise AdmissionConfigError(f"not a duration: {value!r}")
+    if isinstance(value, int | float):
+        return float(value)
+    match = _DURATION.match(str(value))
+    if not match:
+        raise AdmissionConfigError(f"not a duration: {value!r}")
+    scale = {"ms": 0.001, "s": 1.0, "m": 60.0, None: 1.0}[match.group(2)]
+    return float(match.group(1)) * scale
+
+
+_KEYS = {
+    "name": "name",
+    "priority": "priority",
+    "maxconcurrency": "max_concurrency",
+    "maxqueue": "max_queue",
+    "maxqueuelength": "max_queue",
+    "maxqueuewait": "max_queue_wait_s",
+    "maxqueuewaits": "max_queue_wait_s",
+    "maxqueuewaitseconds": "max_queue_wait_s",
+}
+
+
+def traffic_class_from_mapping(raw: Mapping[str, Any]) -> TrafficClass:
+    """One class from JSON; keys in camelCase (as in the LLMEndpoint spec) or snake_case."""
+    fields: dict[str, Any] = {}
+    for key, value in raw.items():
+        target = _KEYS.get(key.replace("_", "").lower())
+        if target is None:
+            raise AdmissionConfigError(f"unknown traffic class field {key!r}")
+        if target == "max_queue_wait_s":
+            value = parse_duration_s(value)
+        elif target != "name" and value is not None and not _is_int(value):
+            raise AdmissionConfigError(f"{key} must be an integer, got {value!r}")
+        fields[target] = value
+    return TrafficClass(**fields)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def parse_traffic_classes(text: str | None) -> tuple[TrafficClass, ...]:
+    """Classes from the --traffic-classes JSON: a list of objects (or one object)."""
+    if not text:
+        return (TrafficClass(),)
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise AdmissionConfigError(f"--traffic-classes is not JSON: {exc}") from exc
+    items: Iterable[Any] = [raw] if isinstance(raw, dict) else raw
+    if not isinstance(items, list) or not all(isinstance(i, dict) for i in items) or not items:
+        raise AdmissionConfigError("--traffic-classes must be a JSON list of objects")
+    return tuple(traffic_class_from_mapping(i) for i in items)

@@ -1,0 +1,182 @@
+"""`kvscale-engine`: serve a model over the OpenAI API, or write the tiny test checkpoint.
+
+    kvscale-engine serve --model DIR [--served-model-name NAME] [--port 8000] [engine flags]
+    kvscale-engine tiny-checkpoint DIR [--arch llama] [--seed 0]
+
+The flag names match the ones the operator renders into Deployments (and, where they overlap,
+vLLM's). SIGTERM drains first: readiness goes false, new requests get 503, admitted ones finish
+within --drain-timeout, then the process exits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import uvicorn
+
+from kvscale_engine.admission import AdmissionConfigError, parse_traffic_classes
+from kvscale_engine.config import ConfigError, EngineConfig
+
+log = logging.getLogger("kvscale_engine")
+
+# flag -> EngineConfig field; unset flags keep EngineConfig's defaults
+_ENGINE_FLAGS: dict[str, tuple[str, type]] = {
+    "max_model_len": ("--max-model-len", int),
+    "block_size": ("--block-size", int),
+    "memory_fraction": ("--memory-fraction", float),
+    "num_kv_blocks": ("--num-kv-blocks", int),
+    "max_num_seqs": ("--max-num-seqs", int),
+    "max_num_batched_tokens": ("--max-num-batched-tokens", int),
+    "scheduling": ("--scheduling", str),
+    "device": ("--device", str),
+    "dtype": ("--dtype", str),
+    "seed": ("--seed", int),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kvscale-engine", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="serve a model over the OpenAI-compatible HTTP API")
+    serve.add_argument("--model", required=True, help="checkpoint directory, or dummy:<arch>")
+    serve.add_argument("--served-model-name", help="name clients use (default: the directory)")
+    serve.add_argument("--host", default="0.0.0.0")
+    serve.add_argument("--port", type=int, default=8000)
+    for field, (flag, kind) in _ENGINE_FLAGS.items():
+        serve.add_argument(flag, dest=field, type=kind, default=None)
+    serve.set_defaults(device=os.environ.get("KVSCALE_DEVICE") or None)
+    serve.add_argument(
+        "--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None
+    )
+    serve.add_argument(
+        "--traffic-classes",
+        help='JSON list: [{"name": "interactive", "priority": 10, "maxQueueWaitSeconds": 2,'
+        ' "maxConcurrency": 8, "maxQueue": 64}, ...]; the first is the default class',
+    )
+    serve.add_argument(
+        "--max-concurrency",
+        type=int,
+        help="admitted requests at once (default: as many as fit the KV budget at max-model-len)",
+    )
+    serve.add_argument(
+        "--admission", action=argparse.BooleanOptionalAction, default=True,
+        help="admission control (on by default)",
+    )  # fmt: skip
+    serve.add_argument("--drain-timeout", type=float, default=30.0, help="seconds")
+    serve.add_argument("--max-body-bytes", type=int, default=4 * 1024 * 1024)
+    serve.add_argument("--log-level", default="info")
+    tiny = sub.add_parser("tiny-checkpoint", help="write the tiny seeded test checkpoint")
+    tiny.add_argument("path", type=Path)
+    tiny.add_argument("--arch", default="llama")
+    tiny.add_argument("--seed", type=int, default=0)
+    return parser
+
+
+def engine_config(args: argparse.Namespace) -> EngineConfig:
+    fields: dict[str, Any] = {
+        f: getattr(args, f) for f in _ENGINE_FLAGS if getattr(args, f) is not None
+    }
+    if args.enable_prefix_caching is not None:
+        fields["enable_prefix_caching"] = args.enable_prefix_caching
+    return EngineConfig(model=args.model, **fields)
+
+
+def serve(args: argparse.Namespace) -> None:
+    # imported here so that `tiny-checkpoint` and `--help` do not pay for torch
+    from kvscale_engine.llm_engine import LLMEngine
+    from kvscale_engine.server import create_app
+    from kvscale_engine.server_config import ServerConfig
+
+    cfg = engine_config(args)
+    server_cfg = ServerConfig(
+        served_model_name=args.served_model_name or Path(cfg.model_source).name or cfg.model,
+        max_model_len=cfg.max_model_len,
+        max_num_seqs=cfg.max_num_seqs,
+        traffic_classes=parse_traffic_classes(args.traffic_classes),
+        admission=args.admission,
+        max_concurrency=args.max_concurrency,
+        drain_timeout_s=args.drain_timeout,
+        max_body_bytes=args.max_body_bytes,
+    )
+    app = create_app(lambda: LLMEngine(cfg), server_cfg)
+    config = uvicorn.Config(
+        app,
+        host=args.host,
+        port=args.port,
+        loop="uvloop",
+        http="httptools",
+        log_level=args.log_level,
+        access_log=False,
+        timeout_graceful_shutdown=max(1, int(args.drain_timeout) + 5),
+    )
+    DrainingServer(config, app.state, args.drain_timeout).run()
+
+
+class DrainingServer(uvicorn.Server):
+    """On the first SIGTERM, drain (readiness false, finish admitted work), then shut down."""
+
+    def __init__(self, config: uvicorn.Config, app_state: Any, drain_timeout_s: float) -> None:
+        super().__init__(config)
+        self._app_state = app_state
+        self._drain_timeout_s = drain_timeout_s
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._draining = False
+        self._drain_task: asyncio.Task[None] | None = None
+
+    async def serve(self, sockets: Any = None) -> None:
+        self._loop = asyncio.get_running_loop()
+        await super().serve(sockets)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if sig != signal.SIGTERM or self._draining or self._loop is None:
+            super().handle_exit(sig, frame)
+            return
+        self._draining = True
+        log.info("Received SIGTERM: draining for up to %.0f s", self._drain_timeout_s)
+        self._loop.call_soon_threadsafe(self._start_drain, sig, frame)
+
+    def _start_drain(self, sig: int, frame: FrameType | None) -> None:
+        self._drain_task = asyncio.ensure_future(self._drain_then_exit(sig, frame))
+
+    async def _drain_then_exit(self, sig: int, frame: FrameType | None) -> None:
+        state = getattr(self._app_state, "server", None)
+        if state is not None:
+            drained = await state.drain(self._drain_timeout_s)
+            log.info("Drain %s; shutting down", "finished" if drained else "timed out")
+        super().handle_exit(sig, frame)
+
+
+def tiny_checkpoint(args: argparse.Namespace) -> None:
+    from kvscale_engine.checkpoint import write_tiny_checkpoint
+
+    write_tiny_checkpoint(args.path, arch=args.arch, seed=args.seed)
+    print(args.path)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=getattr(args, "log_level", "info").upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        if args.command == "serve":
+            serve(args)
+        else:
+            tiny_checkpoint(args)
+    except (ConfigError, AdmissionConfigError, ValueError) as exc:
+        print(f"kvscale-engine: error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from exc
+
+
+if __name__ == "__main__":
+    main()

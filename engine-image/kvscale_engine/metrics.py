@@ -1,0 +1,265 @@
+"""Every Prometheus metric the engine server exports, on a registry owned by one app.
+
+Names, types, labels (`model_name`, `engine`) and histogram buckets follow vLLM's V1 metrics, so
+dashboards, KEDA recipes, routers and the kvscale operator read a kvscale engine and a vLLM
+engine alike. kvscale's own series (KV blocks, admission) carry a `kvscale:` prefix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+LABELS = ("model_name", "engine")
+FINISH_REASONS = ("stop", "length", "abort")
+ADMISSION_REASONS = ("queue_full", "deadline", "timeout", "draining")
+
+# vLLM's bucket boundaries (vllm/v1/metrics/loggers.py).
+TTFT_BUCKETS = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
+    2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+)  # fmt: skip
+ITL_BUCKETS = (
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0,
+    2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
+)  # fmt: skip
+REQUEST_LATENCY_BUCKETS = (
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0,
+    40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0,
+)  # fmt: skip
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+CACHE_INFO_LABELS = (
+    "block_size", "num_gpu_blocks", "gpu_memory_utilization", "enable_prefix_caching",
+    "cache_dtype", "max_model_len", "max_num_seqs",
+)  # fmt: skip
+
+
+def build_1_2_5_buckets(max_value: int) -> tuple[float, ...]:
+    """1, 2, 5, 10, 20, 50, ... up to max_value, as vLLM sizes its token-count histograms."""
+    buckets: list[float] = []
+    scale = 1
+    while True:
+        for mantissa in (1, 2, 5):
+            if mantissa * scale > max_value:
+                return tuple(buckets)
+            buckets.append(float(mantissa * scale))
+        scale *= 10
+
+
+@dataclass(frozen=True)
+class StatsSnapshot:
+    """The engine-wide numbers the server reads after each engine step."""
+
+    num_running: int
+    num_waiting: int
+    num_total_blocks: int
+    num_free_blocks: int
+    kv_cache_usage: float
+    num_preemptions: int
+    prefix_cache_queries: int
+    prefix_cache_hits: int
+    prompt_tokens: int
+    generation_tokens: int
+
+
+@dataclass(frozen=True)
+class FinishedRequest:
+    finish_reason: str
+    e2e_s: float
+    queue_s: float | None
+    num_prompt_tokens: int
+    num_generation_tokens: int
+
+
+class EngineMetrics:
+    """The server's metrics; gauges and counters follow the engine's cumulative stats."""
+
+    def __init__(
+        self,
+        model_name: str,
+        max_model_len: int,
+        traffic_classes: Iterable[str],
+        engine: str = "0",
+    ) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self._labels = (model_name, engine)
+        self._last: StatsSnapshot | None = None
+        reg = self.registry
+        lab = list(LABELS)
+        tokens = build_1_2_5_buckets(max_model_len)
+        self.running = Gauge(
+            "vllm:num_requests_running", "Number of requests in model execution batches.",
+            lab, registry=reg,
+        )  # fmt: skip
+        self.waiting = Gauge(
+            "vllm:num_requests_waiting", "Number of requests waiting to be processed.",
+            lab, registry=reg,
+        )  # fmt: skip
+        self.kv_usage = Gauge(
+            "vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.",
+            lab, registry=reg,
+        )  # fmt: skip
+        self.preemptions = Counter(
+            "vllm:num_preemptions", "Cumulative number of preemption from the engine.",
+            lab, registry=reg,
+        )  # fmt: skip
+        self.prompt_tokens = Counter(
+            "vllm:prompt_tokens", "Number of prefill tokens processed.", lab, registry=reg
+        )
+        self.generation_tokens = Counter(
+            "vllm:generation_tokens", "Number of generation tokens processed.", lab, registry=reg
+        )
+        self.prefix_queries = Counter(
+            "vllm:prefix_cache_queries",
+            "Prefix cache queries, in terms of number of queried tokens.", lab, registry=reg,
+        )  # fmt: skip
+        self.prefix_hits = Counter(
+            "vllm:prefix_cache_hits",
+            "Prefix cache hits, in terms of number of cached tokens.", lab, registry=reg,
+        )  # fmt: skip
+        self.request_success = Counter(
+            "vllm:request_success", "Count of successfully processed requests.",
+            [*lab, "finished_reason"], registry=reg,
+        )  # fmt: skip
+        self.ttft = Histogram(
+            "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
+            lab, buckets=TTFT_BUCKETS, registry=reg,
+        )  # fmt: skip
+        self.itl = Histogram(
+            "vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
+            lab, buckets=ITL_BUCKETS, registry=reg,
+        )  # fmt: skip
+        self.e2e = Histogram(
+            "vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
+            lab, buckets=REQUEST_LATENCY_BUCKETS, registry=reg,
+        )  # fmt: skip
+        self.queue_time = Histogram(
+            "vllm:request_queue_time_seconds",
+            "Histogram of time spent in WAITING phase for request.",
+            lab, buckets=REQUEST_LATENCY_BUCKETS, registry=reg,
+        )  # fmt: skip
+        self.request_prompt_tokens = Histogram(
+            "vllm:request_prompt_tokens", "Number of prefill tokens processed.",
+            lab, buckets=tokens, registry=reg,
+        )  # fmt: skip
+        self.request_generation_tokens = Histogram(
+            "vllm:request_generation_tokens", "Number of generation tokens processed.",
+            lab, buckets=tokens, registry=reg,
+        )  # fmt: skip
+        self.cache_config_info = Gauge(
+            "vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
+            [*CACHE_INFO_LABELS, "engine"], registry=reg,
+        )  # fmt: skip
+        # kvscale's own
+        self.kv_blocks_total = Gauge(
+            "kvscale:kv_blocks_total", "KV-cache blocks the engine allocated.", lab, registry=reg
+        )
+        self.kv_blocks_free = Gauge(
+            "kvscale:kv_blocks_free", "KV-cache blocks free (including evictable cached blocks).",
+            lab, registry=reg,
+        )  # fmt: skip
+        self.admission_rejections = Counter(
+            "kvscale:admission_rejections",
+            "Requests refused by admission control, by reason and traffic class.",
+            [*lab, "reason", "traffic_class"], registry=reg,
+        )  # fmt: skip
+        self.queue_wait = Histogram(
+            "kvscale:admission_queue_wait_seconds",
+            "Time admitted requests waited in the admission queue, by traffic class.",
+            [*lab, "traffic_class"], buckets=TTFT_BUCKETS,
+            registry=reg,
+        )  # fmt: skip
+        self.admission_queued = Gauge(
+            "kvscale:admission_queue_depth", "Requests waiting for admission, by traffic class.",
+            [*lab, "traffic_class"], registry=reg,
+        )  # fmt: skip
+        self.admission_in_flight = Gauge(
+            "kvscale:admission_in_flight", "Admitted requests in the engine, by traffic class.",
+            [*lab, "traffic_class"], registry=reg,
+        )  # fmt: skip
+        self.ready = Gauge(
+            "kvscale:ready", "1 when the server is loaded, warmed up and not draining.",
+            lab, registry=reg,
+        )  # fmt: skip
+        self._touch(traffic_classes)
+
+    def _touch(self, traffic_classes: Iterable[str]) -> None:
+        """Create every labelled child up front, so each series exists from the first scrape."""
+        for metric in (self.running, self.waiting, self.kv_usage, self.kv_blocks_total,
+                       self.kv_blocks_free, self.ready, self.preemptions, self.prompt_tokens,
+                       self.generation_tokens, self.prefix_queries, self.prefix_hits, self.ttft,
+                       self.itl, self.e2e, self.queue_time, self.request_prompt_tokens,
+                       self.request_generation_tokens):  # fmt: skip
+            metric.labels(*self._labels)
+        for reason in FINISH_REASONS:
+            self.request_success.labels(*self._labels, reason)
+        for name in traffic_classes:
+            self.queue_wait.labels(*self._labels, name)
+            self.admission_queued.labels(*self._labels, name)
+            self.admission_in_flight.labels(*self._labels, name)
+            for reason in ADMISSION_REASONS:
+                self.admission_rejections.labels(*self._labels, reason, name)
+
+    def set_cache_info(self, info: Mapping[str, object]) -> None:
+        """The engine's cache settings as labels of a gauge set to 1, as vLLM exports them."""
+        self.cache_config_info.clear()
+        values = {k: str(info.get(k, "")) for k in CACHE_INFO_LABELS}
+        self.cache_config_info.labels(**values, engine=self._labels[1]).set(1)
+
+    def set_baseline(self, stats: StatsSnapshot) -> None:
+        """Counters start from here: what the engine counted before (warm-up) is not exported."""
+        self._last = stats
+
+    def observe_stats(self, stats: StatsSnapshot) -> None:
+        """Set gauges and advance counters by what changed since the last snapshot."""
+        lab = self._labels
+        self.running.labels(*lab).set(stats.num_running)
+        self.waiting.labels(*lab).set(stats.num_waiting)
+        self.kv_usage.labels(*lab).set(stats.kv_cache_usage)
+        self.kv_blocks_total.labels(*lab).set(stats.num_total_blocks)
+        self.kv_blocks_free.labels(*lab).set(stats.num_free_blocks)
+        last = self._last
+        for counter, now, before in (
+            (self.preemptions, stats.num_preemptions, last and last.num_preemptions),
+            (self.prompt_tokens, stats.prompt_tokens, last and last.prompt_tokens),
+            (self.generation_tokens, stats.generation_tokens, last and last.generation_tokens),
+            (self.prefix_queries, stats.prefix_cache_queries, last and last.prefix_cache_queries),
+            (self.prefix_hits, stats.prefix_cache_hits, last and last.prefix_cache_hits),
+        ):
+            delta = now - (before or 0)
+            if delta > 0:
+                counter.labels(*lab).inc(delta)
+        self._last = stats
+
+    def observe_first_token(self, ttft_s: float) -> None:
+        self.ttft.labels(*self._labels).observe(ttft_s)
+
+    def observe_inter_token(self, itl_s: float) -> None:
+        self.itl.labels(*self._labels).observe(itl_s)
+
+    def observe_finished(self, done: FinishedRequest) -> None:
+        lab = self._labels
+        self.request_success.labels(*lab, done.finish_reason).inc()
+        self.e2e.labels(*lab).observe(done.e2e_s)
+        if done.queue_s is not None:
+            self.queue_time.labels(*lab).observe(done.queue_s)
+        self.request_prompt_tokens.labels(*lab).observe(done.num_prompt_tokens)
+        self.request_generation_tokens.labels(*lab).observe(done.num_generation_tokens)
+
+    def observe_rejection(self, reason: str, traffic_class: str) -> None:
+        self.admission_rejections.labels(*self._labels, reason, traffic_class).inc()
+
+    def observe_queue_wait(self, traffic_class: str, wait_s: float) -> None:
+        self.queue_wait.labels(*self._labels, traffic_class).observe(wait_s)
+
+    def set_admission_load(self, traffic_class: str, queued: int, in_flight: int) -> None:
+        self.admission_queued.labels(*self._labels, traffic_class).set(queued)
+        self.admission_in_flight.labels(*self._labels, traffic_class).set(in_flight)
+
+    def set_ready(self, ready: bool) -> None:
+        self.ready.labels(*self._labels).set(1.0 if ready else 0.0)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

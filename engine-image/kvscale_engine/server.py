@@ -1,0 +1,478 @@
+"""The OpenAI-compatible HTTP server: `create_app(engine, config)` returns the ASGI app.
+
+FastAPI on uvicorn (uvloop + httptools): the stack vLLM and SGLang serve with, so clients and
+operators meet familiar behaviour. Bodies are parsed straight from bytes by pydantic's Rust core
+and responses are written as pre-serialised bytes, so the per-token cost is one JSON dump. No
+module-level state: everything lives on `app.state`, built in the lifespan.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Awaitable
+from contextlib import asynccontextmanager
+from typing import Any, TypeVar
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel, ValidationError
+from starlette.exceptions import HTTPException
+from starlette.types import Receive, Scope, Send
+
+from kvscale_engine.metrics import CONTENT_TYPE, EngineMetrics
+from kvscale_engine.protocol import (
+    SSE_DONE,
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatResponseMessage,
+    CompletionChoice,
+    CompletionRequest,
+    CompletionResponse,
+    ModelCard,
+    ModelList,
+    UsageInfo,
+    error_body,
+    new_id,
+    now_s,
+    sse,
+)
+from kvscale_engine.sampling_params import SamplingError, SamplingParams
+from kvscale_engine.server_config import CLASS_HEADER, ServerConfig
+from kvscale_engine.serving import EngineSource, Generation, Refused, ServerState
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+JSON = "application/json"
+
+
+class ClientError(Exception):
+    """Bad input: becomes a 4xx with an OpenAI-style error body."""
+
+    def __init__(
+        self, message: str, status: int = 400, param: str | None = None, code: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.param = param
+        self.code = code
+
+
+class ClientGone(Exception):
+    """The client disconnected before the response started."""
+
+
+def create_app(engine: EngineSource, config: ServerConfig) -> FastAPI:
+    """The server around `engine` (an LLMEngine, or a factory that builds one off the loop)."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        metrics = EngineMetrics(
+            config.served_model_name, config.max_model_len, config.class_names, config.engine_label
+        )
+        state = ServerState(config, metrics)
+        app.state.server = state
+        app.state.metrics_registry = metrics.registry
+        loader = asyncio.create_task(state.load(engine), name="engine-load")
+        app.state.loader = loader
+        try:
+            yield
+        finally:
+            loader.cancel()
+            await asyncio.gather(loader, return_exceptions=True)
+            await state.close()
+
+    app = FastAPI(title="kvscale engine", lifespan=lifespan)
+    _add_error_handlers(app)
+    _add_probe_routes(app)
+    _add_openai_routes(app)
+    return app
+
+
+def _state(request: Request) -> ServerState:
+    state: ServerState = request.app.state.server
+    return state
+
+
+def _json(model: BaseModel, status: int = 200) -> Response:
+    return Response(model.model_dump_json(), status_code=status, media_type=JSON)
+
+
+# errors
+
+
+def _error(status: int, message: str, type_: str, **kw: Any) -> JSONResponse:
+    headers = kw.pop("headers", None)
+    return JSONResponse(error_body(message, type_, **kw), status_code=status, headers=headers)
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    async def client_error(_: Request, exc: Exception) -> Response:
+        assert isinstance(exc, ClientError)
+        type_ = "invalid_request_error" if exc.status < 500 else "server_error"
+        return _error(exc.status, str(exc), type_, param=exc.param, code=exc.code)
+
+    async def refused(_: Request, exc: Exception) -> Response:
+        assert isinstance(exc, Refused)
+        type_ = "rate_limit_exceeded" if exc.status == 429 else "service_unavailable"
+        headers = {"Retry-After": str(max(1, round(exc.retry_after_s)))}
+        return _error(exc.status, str(exc), type_, code=exc.reason, headers=headers)
+
+    async def http_error(_: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        type_ = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        return _error(exc.status_code, str(exc.detail), type_, headers=exc.headers)
+
+    async def server_error(_: Request, exc: Exception) -> Response:
+        log.error("Request failed", exc_info=exc)
+        return _error(500, f"internal error: {type(exc).__name__}", "server_error")
+
+    app.add_exception_handler(ClientError, client_error)
+    app.add_exception_handler(Refused, refused)
+    app.add_exception_handler(HTTPException, http_error)
+    app.add_exception_handler(Exception, server_error)
+
+
+def _validation_error(exc: ValidationError) -> ClientError:
+    first = exc.errors()[0]
+    param = ".".join(str(p) for p in first["loc"]) or None
+    return ClientError(f"{param}: {first['msg']}" if param else first["msg"], param=param)
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise ClientError(f"request body exceeds {limit} bytes", status=413)
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise ClientError(f"request body exceeds {limit} bytes", status=413)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def _parse(request: Request, model: type[T]) -> T:
+    body = await _read_body(request, _state(request).config.max_body_bytes)
+    try:
+        parsed: T = model.model_validate_json(body)  # type: ignore[attr-defined]
+    except ValidationError as exc:
+        if any(e["type"] == "json_invalid" for e in exc.errors()):
+            raise ClientError("request body is not valid JSON") from exc
+        raise _validation_error(exc) from exc
+    return parsed
+
+
+# probes and metrics
+
+
+def _add_probe_routes(app: FastAPI) -> None:
+    @app.get("/health")
+    async def health(request: Request) -> Response:
+        state = _state(request)
+        if not state.healthy:
+            return _error(500, "the engine failed", "server_error")
+        return JSONResponse({"status": "ok", "phase": state.phase})
+
+    @app.get("/ready")
+    async def ready(request: Request) -> Response:
+        state = _state(request)
+        body = {"ready": state.ready, "phase": state.phase, "in_flight": state.active}
+        return JSONResponse(body, status_code=200 if state.ready else 503)
+
+    @app.api_route("/drain", methods=["GET", "POST"])
+    async def drain(request: Request) -> Response:
+        """Stop admitting (readiness goes false) and wait for in-flight work: a preStop hook."""
+        state = _state(request)
+        timeout = _float_param(request, "timeout", state.config.drain_timeout_s)
+        drained = await state.drain(timeout)
+        body = {"drained": drained, "in_flight": state.active, "phase": state.phase}
+        return JSONResponse(body, status_code=200 if drained else 503)
+
+    @app.get("/metrics")
+    async def metrics(request: Request) -> Response:
+        state = _state(request)
+        state.refresh_load_metrics()
+        state.metrics.set_ready(state.ready)
+        return Response(state.metrics.render(), media_type=CONTENT_TYPE)
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> Response:
+        cfg = _state(request).config
+        card = ModelCard(
+            id=cfg.served_model_name,
+            created=now_s(),
+            root=cfg.served_model_name,
+            max_model_len=cfg.max_model_len,
+        )
+        return _json(ModelList(data=[card]))
+
+
+def _float_param(request: Request, name: str, default: float) -> float:
+    raw = request.query_params.get(name)
+    if raw is None:
+        return default
+    try:
+        return max(0.0, float(raw))
+    except ValueError as exc:
+        raise ClientError(f"{name} must be a number of seconds", param=name) from exc
+
+
+# completions
+
+
+def _add_openai_routes(app: FastAPI) -> None:
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        state = _state(request)
+        body = await _parse(request, CompletionRequest)
+        _check_model(state, body.model)
+        prompt = body.single_prompt
+        ids = state.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        return await _serve(request, body, ids, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        state = _state(request)
+        body = await _parse(request, ChatCompletionRequest)
+        _check_model(state, body.model)
+        try:
+            text = state.tokenizer.apply_chat_template(body.chat_messages())
+        except ValueError as exc:
+            raise ClientError(str(exc), param="messages") from exc
+        ids = state.tokenizer.encode(text, add_special_tokens=False)
+        return await _serve(request, body, ids, chat=True)
+
+
+def _check_model(state: ServerState, model: str | None) -> None:
+    if state.phase == "loading":
+        return  # admission refuses with 503 below
+    if model is not None and model != state.config.served_model_name:
+        raise ClientError(
+            f"The model {model!r} does not exist", status=404, param="model", code="model_not_found"
+        )
+
+
+def _sampling(
+    state: ServerState, body: CompletionRequest | ChatCompletionRequest, prompt_len: int
+) -> list[SamplingParams]:
+    max_len = state.config.max_model_len
+    if prompt_len == 0:
+        raise ClientError("the prompt is empty", param="prompt")
+    if prompt_len >= max_len:
+        raise ClientError(
+            f"This model's maximum context length is {max_len} tokens, but the prompt has "
+            f"{prompt_len} tokens.",
+            param="messages" if isinstance(body, ChatCompletionRequest) else "prompt",
+            code="context_length_exceeded",
+        )
+    max_tokens = body.max_tokens if body.max_tokens is not None else max_len - prompt_len
+    if prompt_len + max_tokens > max_len:
+        raise ClientError(
+            f"This model's maximum context length is {max_len} tokens; the prompt has "
+            f"{prompt_len} tokens and max_tokens asks for {max_tokens} more.",
+            param="max_tokens",
+            code="context_length_exceeded",
+        )
+    if not state.fits_kv_pool(prompt_len + max_tokens):
+        raise ClientError(
+            f"prompt plus max_tokens ({prompt_len + max_tokens} tokens) exceeds this replica's "
+            f"KV cache ({state.num_kv_blocks} blocks of {state.block_size} tokens)",
+            param="max_tokens",
+            code="context_length_exceeded",
+        )
+    vocab = state.vocab_size
+    prompt = body.single_prompt if isinstance(body, CompletionRequest) else None
+    if isinstance(prompt, list) and any(t >= vocab for t in prompt):
+        raise ClientError(f"prompt token ids must be below {vocab}", param="prompt")
+    try:
+        return [
+            SamplingParams(
+                temperature=body.temperature,
+                top_p=body.top_p,
+                top_k=body.top_k,
+                max_tokens=max_tokens,
+                stop=tuple(body.stop_list),
+                stop_token_ids=tuple(body.stop_token_ids or ()),
+                ignore_eos=body.ignore_eos,
+                seed=None if body.seed is None else body.seed + i,
+            )
+            for i in range(body.n)
+        ]
+    except SamplingError as exc:
+        raise ClientError(str(exc)) from exc
+
+
+async def _until_disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _unless_disconnected(request: Request, work: Awaitable[T]) -> T:
+    """Await work; if the client goes first, cancel the work and raise ClientGone."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_until_disconnected(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+    if task.cancelled():
+        raise ClientGone
+    return task.result()
+
+
+async def _serve(
+    request: Request,
+    body: CompletionRequest | ChatCompletionRequest,
+    prompt_ids: list[int],
+    chat: bool,
+) -> Response:
+    state = _state(request)
+    params = _sampling(state, body, len(prompt_ids))
+    try:
+        admitted = await _unless_disconnected(
+            request, state.admit(request.headers.get(CLASS_HEADER))
+        )
+    except ClientGone:
+        return Response(status_code=499)
+    gen = state.generate(admitted, prompt_ids, params)
+    fmt = _Formatter(state.config.served_model_name, chat, len(prompt_ids), body.n)
+    if body.stream:
+        events = _stream_events(gen, fmt, body.include_usage)
+        return _GenerationStream(events, gen, media_type="text/event-stream")
+    try:
+        await _unless_disconnected(request, _collect(gen, fmt))
+    except ClientGone:
+        return Response(status_code=499)
+    except ValueError as exc:
+        raise ClientError(str(exc)) from exc
+    finally:
+        gen.close()
+    return _json(fmt.response())
+
+
+async def _collect(gen: Generation, fmt: _Formatter) -> None:
+    async for index, out in gen.events():
+        fmt.update(index, out.text, out.output_token_ids, out.finish_reason, out.num_cached_tokens)
+
+
+class _GenerationStream(StreamingResponse):
+    """A streaming response that always closes its generation, however the stream ends."""
+
+    def __init__(self, content: AsyncIterator[bytes], gen: Generation, media_type: str) -> None:
+        super().__init__(content, media_type=media_type)
+        self._gen = gen
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._gen.close()
+
+
+async def _stream_events(
+    gen: Generation, fmt: _Formatter, include_usage: bool
+) -> AsyncIterator[bytes]:
+    if fmt.chat:
+        for index in range(fmt.n):
+            yield fmt.chunk(index, {"role": "assistant", "content": ""}, None, include_usage)
+    try:
+        async for index, out in gen.events():
+            fmt.update(index, out.text, out.output_token_ids, out.finish_reason,
+                       out.num_cached_tokens)  # fmt: skip
+            if out.delta_text or out.finished:
+                yield fmt.delta(index, out.delta_text, out.finish_reason, include_usage)
+    except Exception as exc:  # the status line is sent: report in-band, as OpenAI does
+        log.error("Stream failed", exc_info=exc)
+        error = error_body(str(exc), "server_error")
+        yield b"data: " + JSONResponse(error).body + b"\n\n"
+    else:
+        if include_usage:
+            yield fmt.usage_chunk()
+    yield SSE_DONE
+
+
+class _Formatter:
+    """Builds OpenAI response objects for one request (completions or chat, n choices)."""
+
+    def __init__(self, model: str, chat: bool, prompt_tokens: int, n: int) -> None:
+        self.model = model
+        self.chat = chat
+        self.n = n
+        self.id = new_id("chatcmpl" if chat else "cmpl")
+        self.created = now_s()
+        self.prompt_tokens = prompt_tokens
+        self.cached_tokens = 0
+        self.texts = [""] * n
+        self.tokens = [0] * n
+        self.reasons: list[Any] = [None] * n
+
+    def update(
+        self, index: int, text: str, output_ids: list[int], reason: str | None, cached: int
+    ) -> None:
+        self.texts[index] = text
+        self.tokens[index] = len(output_ids)
+        self.reasons[index] = reason
+        self.cached_tokens = max(self.cached_tokens, cached)
+
+    def usage(self) -> UsageInfo:
+        completion = sum(self.tokens)
+        return UsageInfo(
+            prompt_tokens=self.prompt_tokens,
+            completion_tokens=completion,
+            total_tokens=self.prompt_tokens + completion,
+            prompt_tokens_details={"cached_tokens": self.cached_tokens},
+        )
+
+    def response(self) -> BaseModel:
+        if self.chat:
+            return ChatCompletionResponse(
+                id=self.id, created=self.created, model=self.model, usage=self.usage(),
+                choices=[
+                    ChatChoice(index=i, message=ChatResponseMessage(content=self.texts[i]),
+                               finish_reason=self.reasons[i])
+                    for i in range(self.n)
+                ],
+            )  # fmt: skip
+        return CompletionResponse(
+            id=self.id, created=self.created, model=self.model, usage=self.usage(),
+            choices=[
+                CompletionChoice(index=i, text=self.texts[i], finish_reason=self.reasons[i])
+                for i in range(self.n)
+            ],
+        )  # fmt: skip
+
+    def delta(self, index: int, text: str, reason: Any, include_usage: bool) -> bytes:
+        if self.chat:
+            return self.chunk(index, {"content": text} if text else {}, reason, include_usage)
+        chunk = CompletionResponse(
+            id=self.id, created=self.created, model=self.model,
+            choices=[CompletionChoice(index=index, text=text, finish_reason=reason)],
+        )  # fmt: skip
+        return sse(chunk, include_usage)
+
+    def chunk(self, index: int, delta: dict[str, str], reason: Any, include_usage: bool) -> bytes:
+        chunk = ChatCompletionChunk(
+            id=self.id, created=self.created, model=self.model,
+            choices=[ChatChunkChoice(index=index, delta=delta, finish_reason=reason)],
+        )  # fmt: skip
+        return sse(chunk, include_usage)
+
+    def usage_chunk(self) -> bytes:
+        chunk: BaseModel
+        if self.chat:
+            chunk = ChatCompletionChunk(
+                id=self.id, created=self.created, model=self.model, choices=[], usage=self.usage()
+            )
+        else:
+            chunk = CompletionResponse(
+                id=self.id, created=self.created, model=self.model, choices=[], usage=self.usage()
+            )
+        return sse(chunk, True)

@@ -1,0 +1,375 @@
+"""The server's state: loading and readiness, admission, draining, and each request's generation.
+
+One `ServerState` lives on `app.state` for the life of the app. A request is first admitted
+(now, after a bounded wait, or refused), then becomes a `Generation`: n engine requests whose
+outputs arrive on one queue. Closing a generation aborts whatever is unfinished, which frees its
+KV blocks, and hands its admission slot to the next waiter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Literal
+
+from kvscale_engine.admission import AdmissionController, TrafficClass, derive_concurrency_limit
+from kvscale_engine.engine_loop import EngineLoop, Item
+from kvscale_engine.llm_engine import LLMEngine
+from kvscale_engine.metrics import EngineMetrics, FinishedRequest, StatsSnapshot
+from kvscale_engine.outputs import EngineStats, RequestOutput
+from kvscale_engine.protocol import new_id
+from kvscale_engine.sampling_params import SamplingParams
+from kvscale_engine.server_config import ServerConfig
+from kvscale_engine.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+Phase = Literal["loading", "ready", "draining", "failed"]
+EngineSource = LLMEngine | Callable[[], LLMEngine]
+
+
+class Refused(Exception):
+    """The request was not admitted: 429 (overload) or 503 (loading, draining)."""
+
+    def __init__(self, status: int, reason: str, retry_after_s: float, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.reason = reason
+        self.retry_after_s = retry_after_s
+
+
+@dataclass
+class Admitted:
+    ticket: int
+    traffic_class: TrafficClass
+    arrival: float
+    released: bool = False
+
+
+@dataclass
+class _Track:
+    index: int
+    first_token_at: float | None = None
+    last_token_at: float | None = None
+    finished: bool = False
+    final: RequestOutput | None = None
+
+
+@dataclass
+class Generation:
+    """The engine requests behind one HTTP request (n of them), read from one queue."""
+
+    state: ServerState
+    admitted: Admitted
+    num_prompt_tokens: int
+    stream: asyncio.Queue[Item]
+    tracks: dict[str, _Track] = field(default_factory=dict)
+    closed: bool = False
+
+    async def events(self) -> AsyncIterator[tuple[int, RequestOutput]]:
+        """(choice index, output) as the engine produces them, until every choice finished."""
+        while not all(t.finished for t in self.tracks.values()):
+            item = await self.stream.get()
+            if isinstance(item, BaseException):
+                raise item
+            track = self.tracks[item.request_id]
+            self._observe(track, item)
+            yield track.index, item
+
+    def close(self) -> None:
+        """Abort what is unfinished and give back the admission slot; safe to call twice."""
+        if self.closed:
+            return
+        self.closed = True
+        now = time.monotonic()
+        for request_id, track in self.tracks.items():
+            if not track.finished:
+                self.state.engine_loop.abort(request_id)
+                generated = len(track.final.output_token_ids) if track.final else 0
+                self._finished(track, "abort", generated, None, now)
+        self.state.release(self.admitted)
+
+    def _observe(self, track: _Track, out: RequestOutput) -> None:
+        now = time.monotonic()
+        track.final = out
+        metrics = self.state.metrics
+        if out.new_token_ids:
+            if track.first_token_at is None:
+                track.first_token_at = now
+                metrics.observe_first_token(now - self.admitted.arrival)
+            elif track.last_token_at is not None:
+                metrics.observe_inter_token(now - track.last_token_at)
+            track.last_token_at = now
+        if out.finished:
+            track.finished = True
+            reason = out.finish_reason or "stop"
+            self._finished(track, reason, len(out.output_token_ids), out.first_scheduled_time, now)
+
+    def _finished(
+        self, track: _Track, reason: str, generated: int, scheduled: float | None, now: float
+    ) -> None:
+        track.finished = True
+        arrival = self.admitted.arrival
+        self.state.metrics.observe_finished(
+            FinishedRequest(
+                finish_reason=reason,
+                e2e_s=now - arrival,
+                queue_s=None if scheduled is None else max(0.0, scheduled - arrival),
+                num_prompt_tokens=self.num_prompt_tokens,
+                num_generation_tokens=generated,
+            )
+        )
+
+
+class ServerState:
+    def __init__(self, config: ServerConfig, metrics: EngineMetrics) -> None:
+        self.config = config
+        self.metrics = metrics
+        self.phase: Phase = "loading"
+        self._engine_loop: EngineLoop | None = None
+        self._admission: AdmissionController | None = None
+        self._tickets = itertools.count()
+        self._waiters: dict[int, asyncio.Future[None]] = {}
+        self._active = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._counting = False  # engine counters before and during warm-up are not exported
+        self.block_size = 1
+        self.num_kv_blocks = 0
+
+    # lifecycle
+
+    async def load(self, source: EngineSource) -> None:
+        """Build (or adopt) the engine, size admission from its KV budget, warm up, go ready."""
+        try:
+            engine = await asyncio.to_thread(source) if callable(source) else source
+            self._engine_loop = EngineLoop(engine, self._on_stats)
+            self._engine_loop.start()
+            stats = await self._engine_loop.call(engine.stats)
+            self.block_size, self.num_kv_blocks = stats.block_size, stats.num_total_blocks
+            self._admission = self._build_admission(stats)
+            self.metrics.set_cache_info(self._cache_info(stats))
+            self._on_stats(stats)
+            if self.config.warmup:
+                await self._warm_up()
+            self._counting = True
+            self._on_stats(await self._engine_loop.call(engine.stats))
+        except Exception:
+            log.exception("Engine failed to load")
+            self.phase = "failed"
+            raise
+        if self.phase == "loading":
+            self.phase = "ready"
+            self.metrics.set_ready(True)
+            log.info("Engine became ready: %s", self.config.served_model_name)
+
+    async def close(self) -> None:
+        if self._engine_loop is not None:
+            await self._engine_loop.stop()
+
+    async def drain(self, timeout_s: float) -> bool:
+        """Refuse new requests and wait for admitted and queued ones; True when none are left."""
+        if self.phase != "failed":
+            self.phase = "draining"
+        self.metrics.set_ready(False)
+        if self._admission is not None:
+            self._admission.start_draining()
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout_s)
+        except TimeoutError:
+            return False
+        return True
+
+    @property
+    def ready(self) -> bool:
+        return self.phase == "ready" and self.healthy
+
+    @property
+    def healthy(self) -> bool:
+        return self.phase != "failed" and (
+            self._engine_loop is None or self._engine_loop.error is None
+        )
+
+    @property
+    def active(self) -> int:
+        return self._active
+
+    @property
+    def engine_loop(self) -> EngineLoop:
+        assert self._engine_loop is not None, "engine not loaded"
+        return self._engine_loop
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        tokenizer: Tokenizer = self.engine_loop.engine.tokenizer
+        return tokenizer
+
+    @property
+    def admission(self) -> AdmissionController:
+        assert self._admission is not None, "engine not loaded"
+        return self._admission
+
+    # admission
+
+    async def admit(self, class_name: str | None) -> Admitted:
+        arrival = time.monotonic()
+        if self.phase in ("loading", "failed") or not self.healthy:
+            raise Refused(503, "not_ready", 5.0, "the model is not loaded yet")
+        admission = self.admission
+        cls = admission.resolve(class_name)
+        ticket = next(self._tickets)
+        verdict = admission.offer(ticket, cls, arrival)
+        if verdict.outcome == "reject":
+            assert verdict.reason is not None
+            raise self._refuse(verdict.reason, cls, verdict.retry_after_s)
+        self._active += 1
+        self._idle.clear()
+        admitted = Admitted(ticket, cls, arrival)
+        if verdict.outcome == "queue":
+            await self._wait_in_queue(admitted)
+        self.metrics.observe_queue_wait(cls.name, time.monotonic() - arrival)
+        return admitted
+
+    def release(self, admitted: Admitted) -> None:
+        if admitted.released:
+            return
+        admitted.released = True
+        for ticket in self.admission.release(admitted.ticket, time.monotonic()):
+            waiter = self._waiters.pop(ticket, None)
+            if waiter is not None and not waiter.done():
+                waiter.set_result(None)
+        self._active -= 1
+        if self._active == 0:
+            self._idle.set()
+
+    async def _wait_in_queue(self, admitted: Admitted) -> None:
+        cls = admitted.traffic_class
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters[admitted.ticket] = waiter
+        deadline = admitted.arrival + cls.max_queue_wait_s
+        try:
+            await asyncio.wait({waiter}, timeout=max(0.0, deadline - time.monotonic()))
+        except asyncio.CancelledError:  # the client left while queued
+            self._leave_queue(admitted)
+            raise
+        if not waiter.done():
+            self._leave_queue(admitted)
+            raise self._refuse("timeout", cls, 1.0)
+
+    def _leave_queue(self, admitted: Admitted) -> None:
+        self._waiters.pop(admitted.ticket, None)
+        if self.admission.cancel(admitted.ticket):
+            admitted.released = True
+            self._active -= 1
+            if self._active == 0:
+                self._idle.set()
+        else:  # it was admitted in the same instant
+            self.release(admitted)
+
+    def _refuse(self, reason: str, cls: TrafficClass, retry_after_s: float) -> Refused:
+        self.metrics.observe_rejection(reason, cls.name)
+        if reason == "draining":
+            return Refused(503, reason, retry_after_s, "the server is draining")
+        return Refused(
+            429, reason, retry_after_s, f"traffic class {cls.name!r} is over capacity ({reason})"
+        )
+
+    # generation
+
+    def generate(
+        self,
+        admitted: Admitted,
+        prompt_token_ids: list[int],
+        params: list[SamplingParams],
+    ) -> Generation:
+        loop = self.engine_loop
+        stream: asyncio.Queue[Item] = asyncio.Queue()
+        gen = Generation(self, admitted, len(prompt_token_ids), stream)
+        base = new_id("req")
+        for index, p in enumerate(params):
+            request_id = f"{base}-{index}"
+            gen.tracks[request_id] = _Track(index)
+            loop.add(
+                request_id,
+                prompt_token_ids,
+                p,
+                admitted.traffic_class.priority,
+                admitted.arrival,
+                stream=stream,
+            )
+        return gen
+
+    def refresh_load_metrics(self) -> None:
+        if self._admission is None:
+            return
+        for name, (queued, in_flight) in self._admission.load().items():
+            self.metrics.set_admission_load(name, queued, in_flight)
+
+    def _on_stats(self, stats: EngineStats) -> None:
+        observe = self.metrics.observe_stats if self._counting else self.metrics.set_baseline
+        observe(
+            StatsSnapshot(
+                num_running=stats.num_running,
+                num_waiting=stats.num_waiting,
+                num_total_blocks=stats.num_total_blocks,
+                num_free_blocks=stats.num_free_blocks,
+                kv_cache_usage=stats.kv_cache_usage,
+                num_preemptions=stats.num_preemptions,
+                prefix_cache_queries=stats.prefix_cache_queries,
+                prefix_cache_hits=stats.prefix_cache_hits,
+                prompt_tokens=stats.prompt_tokens,
+                generation_tokens=stats.generation_tokens,
+            )
+        )
+
+    def _build_admission(self, stats: EngineStats) -> AdmissionController:
+        cfg = self.config
+        if not cfg.admission:
+            unlimited = tuple(
+                TrafficClass(c.name, c.priority, None, 1 << 30, float("inf"))
+                for c in cfg.traffic_classes
+            )
+            return AdmissionController(unlimited, None)
+        limit = cfg.max_concurrency or derive_concurrency_limit(
+            stats.num_total_blocks, stats.block_size, cfg.max_model_len, cfg.max_num_seqs
+        )
+        log.info("Admission limited concurrency to %d requests", limit)
+        return AdmissionController(cfg.traffic_classes, limit)
+
+    def _cache_info(self, stats: EngineStats) -> dict[str, str]:
+        engine_cfg = self.engine_loop.engine.config
+        return {
+            "block_size": str(stats.block_size),
+            "num_gpu_blocks": str(stats.num_total_blocks),
+            "gpu_memory_utilization": str(engine_cfg.memory_fraction),
+            "enable_prefix_caching": str(engine_cfg.enable_prefix_caching),
+            "cache_dtype": engine_cfg.dtype,
+            "max_model_len": str(self.config.max_model_len),
+            "max_num_seqs": str(self.config.max_num_seqs),
+        }
+
+    @property
+    def vocab_size(self) -> int:
+        vocab: int = self.engine_loop.engine.model_config.vocab_size
+        return vocab
+
+    def fits_kv_pool(self, num_tokens: int) -> bool:
+        """Whether a request that grows to num_tokens could ever hold its KV blocks."""
+        return -(-num_tokens // self.block_size) <= self.num_kv_blocks
+
+    async def _warm_up(self) -> None:
+        """One short generation through the loop, so the first user request pays no start-up cost.
+
+        It bypasses Generation so that it leaves no trace in the request metrics.
+        """
+        params = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
+        stream = self.engine_loop.add(new_id("warmup"), [1, 2, 3, 4], params, 0, time.monotonic())
+        while True:
+            item = await stream.get()
+            if isinstance(item, BaseException):
+                raise item
+            if item.finished:
+                return
