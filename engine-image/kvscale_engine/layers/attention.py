@@ -101,11 +101,10 @@ def _decode_inputs(
     tables = torch.zeros(len(spans), max_blocks, dtype=torch.long)
     for row, s in enumerate(spans):
         tables[row, : len(s.block_table[:max_blocks])] = torch.tensor(s.block_table[:max_blocks])
-    pos = torch.arange(max_len).unsqueeze(0)
+    pos = torch.arange(max_len).expand(len(spans), max_len)
     ends = torch.tensor([s.end for s in spans]).unsqueeze(1)
-    meta.decode_kv_index = (tables.gather(1, pos // block_size) * block_size + pos % block_size).to(
-        device
-    )
+    index = tables.gather(1, pos // block_size) * block_size + pos % block_size
+    meta.decode_kv_index = index.to(device)
     mask = pos < ends
     if window is not None:
         mask &= pos > ends - 1 - window

@@ -1,0 +1,33 @@
+"""Engine-tier fixtures: a tiny seeded Llama checkpoint, its HF reference, engines."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from engine_helpers import HFReference
+
+from kvscale_engine.checkpoint import write_tiny_checkpoint
+from kvscale_engine.config import EngineConfig
+from kvscale_engine.llm_engine import LLMEngine
+
+
+@pytest.fixture(scope="session")
+def llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_checkpoint(tmp_path_factory.mktemp("llama"), arch="llama", seed=0)
+
+
+@pytest.fixture(scope="session")
+def hf_llama(llama_dir: Path) -> HFReference:
+    return HFReference(llama_dir)
+
+
+@pytest.fixture
+def make_engine(llama_dir: Path) -> Iterator[Callable[..., LLMEngine]]:
+    def make(model: str | Path = llama_dir, **overrides: Any) -> LLMEngine:
+        settings: dict[str, Any] = {"max_model_len": 512, "num_kv_blocks": 256, "block_size": 16}
+        return LLMEngine(EngineConfig(model=str(model), **(settings | overrides)))
+
+    yield make

@@ -1,0 +1,88 @@
+"""Greedy outputs equal HF transformers token for token, whatever the engine does internally."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+from engine_helpers import (
+    GREEDY,
+    HFReference,
+    assert_matches_hf,
+    random_prompts,
+    record_batches,
+    run_to_completion,
+)
+
+from kvscale_engine.llm_engine import LLMEngine
+
+MakeEngine = Callable[..., LLMEngine]
+
+
+def test_single_request(make_engine: MakeEngine, hf_llama: HFReference) -> None:
+    prompts = random_prompts(1, (20, 20))
+    finals = run_to_completion(make_engine(), prompts)
+    assert_matches_hf(hf_llama, prompts, finals, GREEDY.max_tokens)
+
+
+def test_32_concurrent_mixed_lengths(make_engine: MakeEngine, hf_llama: HFReference) -> None:
+    prompts = random_prompts(32, (1, 120), seed=1)
+    engine = make_engine()
+    peak_running: list[int] = []
+    finals = run_to_completion(
+        engine, prompts, on_step=lambda e: peak_running.append(len(e.scheduler.running))
+    )
+    assert max(peak_running) >= 16, "requests should run concurrently"
+    assert_matches_hf(hf_llama, prompts, finals, GREEDY.max_tokens)
+
+
+def test_preemption_under_a_tiny_kv_pool(make_engine: MakeEngine, hf_llama: HFReference) -> None:
+    prompts = random_prompts(12, (30, 60), seed=2)
+    engine = make_engine(num_kv_blocks=12)
+    finals = run_to_completion(engine, prompts)
+    assert engine.stats().num_preemptions > 0
+    assert_matches_hf(hf_llama, prompts, finals, GREEDY.max_tokens)
+    assert engine.block_manager.num_free_blocks == 12
+
+
+def test_chunked_prefill_with_a_tiny_token_budget(
+    make_engine: MakeEngine, hf_llama: HFReference
+) -> None:
+    prompts = random_prompts(8, (20, 90), seed=3)
+    engine = make_engine(max_num_batched_tokens=7)
+    batches = record_batches(engine)
+    finals = run_to_completion(engine, prompts)
+    assert max(b.num_tokens for b in batches) <= 7
+    assert any(not item.samples for b in batches for item in b.seqs), "no partial chunk ran"
+    mixed = [b for b in batches if {i.samples for i in b.seqs} == {True, False}]
+    assert mixed, "decodes should run alongside a prefill chunk"
+    assert_matches_hf(hf_llama, prompts, finals, GREEDY.max_tokens)
+
+
+def test_prefix_caching_on_matches_off(make_engine: MakeEngine, hf_llama: HFReference) -> None:
+    shared = random_prompts(1, (70, 70), seed=4)[0]
+    prompts = [shared + tail for tail in random_prompts(10, (1, 30), seed=5)]
+    cached = make_engine(enable_prefix_caching=True, max_num_seqs=3)
+    uncached = make_engine(enable_prefix_caching=False, max_num_seqs=3)
+    with_cache = run_to_completion(cached, prompts)
+    without_cache = run_to_completion(uncached, prompts)
+    assert cached.stats().prefix_cache_hits > 0
+    assert uncached.stats().prefix_cache_hits == 0
+    assert sum(o.num_cached_tokens for o in with_cache.values()) > 0
+    for key, out in with_cache.items():
+        assert out.output_token_ids == without_cache[key].output_token_ids
+    assert_matches_hf(hf_llama, prompts, with_cache, GREEDY.max_tokens)
+
+
+def test_static_scheduling_matches(make_engine: MakeEngine, hf_llama: HFReference) -> None:
+    prompts = random_prompts(10, (5, 60), seed=6)
+    finals = run_to_completion(make_engine(scheduling="static", max_num_seqs=4), prompts)
+    assert_matches_hf(hf_llama, prompts, finals, GREEDY.max_tokens)
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+def test_flex_attention_path_matches(make_engine: MakeEngine, hf_llama: HFReference) -> None:
+    """The CUDA path's masking logic, run eagerly on CPU (compiled only on CUDA)."""
+    prompts = random_prompts(4, (10, 40), seed=7)
+    finals = run_to_completion(make_engine(attention_backend="flex"), prompts)
+    assert_matches_hf(hf_llama, prompts, finals, GREEDY.max_tokens)
