@@ -1,0 +1,69 @@
+"""Incremental text: stop strings are cut and never streamed, partial characters are held."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence as Seq
+
+from kvscale_engine.detokenizer import Detokenizer
+from kvscale_engine.sampling_params import SamplingParams
+from kvscale_engine.sequence import Sequence
+
+EOS = 0
+
+
+class CharDecoder:
+    """Token t decodes to chr(t); token 1 to a replacement char (a split UTF-8 sequence)."""
+
+    def decode(self, token_ids: Seq[int], skip_special_tokens: bool = True) -> str:
+        return "".join("\ufffd" if t == 1 else chr(t) for t in token_ids if t != EOS)
+
+
+def feed(text: str, params: SamplingParams, max_model_len: int = 100) -> tuple[list[str], Sequence]:
+    detok = Detokenizer(CharDecoder(), EOS, max_model_len)
+    seq = Sequence("r", [65], params)
+    deltas = []
+    for char in text:
+        seq.append_token(ord(char) if char != "\ufffd" else 1)
+        reason = detok(seq)
+        seq.finish_reason = reason
+        deltas.append(detok.emit(seq, finished=reason is not None))
+        if reason:
+            break
+    return deltas, seq
+
+
+def test_stop_string_is_cut_and_never_streamed() -> None:
+    deltas, seq = feed("hello END world", SamplingParams(stop=["END"], max_tokens=50))
+    assert seq.finish_reason == "stop"
+    assert "".join(deltas) == "hello " == seq.text
+    assert all("E" not in d for d in deltas)
+
+
+def test_a_near_miss_is_released_once_it_cannot_be_a_stop() -> None:
+    deltas, seq = feed("EN!x", SamplingParams(stop=["END"], max_tokens=4))
+    assert deltas[:2] == ["", ""]
+    assert deltas[2] == "EN!"
+    assert seq.finish_reason == "length" and "".join(deltas) == "EN!x"
+
+
+def test_partial_characters_are_held_back() -> None:
+    deltas, _ = feed("a\ufffdb", SamplingParams(max_tokens=3))
+    assert deltas == ["a", "", "\ufffdb"]
+
+
+def test_eos_stop_ids_and_length() -> None:
+    detok = Detokenizer(CharDecoder(), EOS, max_model_len=4)
+    seq = Sequence("r", [65], SamplingParams(max_tokens=10, stop_token_ids=[66]))
+    seq.append_token(EOS)
+    assert detok(seq) == "stop"
+    ignoring = Sequence("r", [65], SamplingParams(max_tokens=10, ignore_eos=True))
+    ignoring.append_token(EOS)
+    assert detok(ignoring) is None
+    seq = Sequence("r", [65], SamplingParams(max_tokens=10, stop_token_ids=[66]))
+    seq.append_token(66)
+    assert detok(seq) == "stop"
+    seq = Sequence("r", [65, 65], SamplingParams(max_tokens=10))
+    seq.append_token(67)
+    assert detok(seq) is None
+    seq.append_token(67)
+    assert detok(seq) == "length"  # max_model_len

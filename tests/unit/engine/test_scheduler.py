@@ -1,0 +1,177 @@
+"""Scheduler: budgets, chunked prefill, preemption, priorities, static mode (no torch)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from bookkeeping_helpers import FakeRunner, check_block_invariants, stop_at_length
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvscale_engine.block_manager import BlockManager
+from kvscale_engine.config import EngineConfig
+from kvscale_engine.sampling_params import SamplingParams
+from kvscale_engine.scheduler import Scheduler
+from kvscale_engine.sequence import Sequence, SequenceStatus
+
+
+def make(num_blocks: int = 64, **overrides: Any) -> tuple[Scheduler, FakeRunner]:
+    config = EngineConfig(model="dummy:test", **({"block_size": 4} | overrides))
+    bm = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
+    return Scheduler(config, bm, clock=lambda: 0.0), FakeRunner(config.block_size)
+
+
+def add(s: Scheduler, rid: str, n: int, max_tokens: int = 4, priority: int = 0) -> Sequence:
+    seq = Sequence(
+        rid,
+        [hash((rid, i)) % 50 for i in range(n)],
+        SamplingParams(max_tokens=max_tokens),
+        priority,
+    )
+    s.add(seq)
+    return seq
+
+
+def step(s: Scheduler, runner: FakeRunner) -> list[Sequence]:
+    batch = s.schedule()
+    return s.postprocess(batch, runner.run(batch), stop_at_length(s.config.max_model_len))
+
+
+def test_long_prompt_is_chunked_while_others_decode() -> None:
+    s, runner = make(max_num_batched_tokens=8)
+    short = add(s, "short", 3, max_tokens=10)
+    step(s, runner)
+    add(s, "long", 30)
+    batch = s.schedule()
+    assert [(i.seq.request_id, i.num_new_tokens, i.samples) for i in batch.seqs] == [
+        ("short", 1, True),
+        ("long", 7, False),
+    ]
+    s.postprocess(batch, runner.run(batch), stop_at_length(2048))
+    assert short.num_output_tokens == 2
+
+
+def test_finished_sequences_leave_at_once() -> None:
+    s, runner = make()
+    a = add(s, "a", 5, max_tokens=1)
+    add(s, "b", 5, max_tokens=3)
+    finished = step(s, runner)
+    assert finished == [a] and a.status is SequenceStatus.FINISHED
+    assert [q.request_id for q in s.running] == ["b"]
+
+
+def test_newest_running_sequence_is_preempted_and_requeued_first() -> None:
+    s, runner = make(num_blocks=4)
+    old, new = add(s, "old", 7, max_tokens=8), add(s, "new", 7, max_tokens=8)
+    add(s, "later", 3)
+    step(s, runner)  # both prefilled: 2 blocks each, the pool is full
+    step(s, runner)  # decode of token 8 still fits the second block
+    step(s, runner)  # token 9 needs a third block for old -> new is preempted
+    assert s.num_preemptions == 1
+    assert new.status is SequenceStatus.WAITING and new.block_table == []
+    assert s.waiting[0] is new and old.status is SequenceStatus.RUNNING
+
+
+def test_higher_priority_is_admitted_first() -> None:
+    s, _ = make(max_num_seqs=1)
+    add(s, "low", 4, priority=0)
+    add(s, "high", 4, priority=5)
+    batch = s.schedule()
+    assert [i.seq.request_id for i in batch.seqs] == ["high"]
+
+
+def test_waiting_ages_low_priority_past_a_stream_of_high() -> None:
+    s, runner = make(max_num_seqs=1, priority_aging_steps=2)
+    add(s, "low", 4, max_tokens=1, priority=0)
+    admitted: list[str] = []
+    for n in range(12):
+        add(s, f"high{n}", 4, max_tokens=1, priority=1)
+        batch = s.schedule()
+        admitted += [i.seq.request_id for i in batch.seqs]
+        s.postprocess(batch, runner.run(batch), stop_at_length(2048))
+    assert "low" in admitted
+
+
+def test_static_mode_admits_only_when_the_batch_has_drained() -> None:
+    s, runner = make(scheduling="static")
+    add(s, "a", 4, max_tokens=3)
+    step(s, runner)
+    add(s, "b", 4, max_tokens=3)
+    for _ in range(2):
+        batch = s.schedule()
+        assert [i.seq.request_id for i in batch.seqs] == ["a"]
+        s.postprocess(batch, runner.run(batch), stop_at_length(2048))
+    assert [i.seq.request_id for i in s.schedule().seqs] == ["b"]
+
+
+requests = st.lists(
+    st.tuples(
+        st.integers(1, 40),  # prompt length
+        st.integers(1, 12),  # max tokens
+        st.integers(0, 2),  # priority
+        st.integers(0, 3),  # shared prefix family
+    ),
+    min_size=1,
+    max_size=25,
+)
+
+
+@settings(max_examples=120, deadline=None)
+@given(
+    reqs=requests,
+    num_blocks=st.integers(4, 40),
+    block_size=st.sampled_from([1, 2, 4, 8]),
+    max_num_seqs=st.integers(1, 8),
+    budget=st.integers(1, 64),
+    caching=st.booleans(),
+    static=st.booleans(),
+    aborts=st.lists(st.integers(0, 24), max_size=5),
+)
+def test_every_admitted_sequence_finishes_within_budgets(
+    reqs: list[tuple[int, int, int, int]],
+    num_blocks: int,
+    block_size: int,
+    max_num_seqs: int,
+    budget: int,
+    caching: bool,
+    static: bool,
+    aborts: list[int],
+) -> None:
+    s, runner = make(
+        num_blocks,
+        block_size=block_size,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=budget,
+        enable_prefix_caching=caching,
+        scheduling="static" if static else "continuous",
+        max_model_len=64,
+    )
+    seqs = []
+    for n, (length, max_tokens, priority, family) in enumerate(reqs):
+        if math.ceil(min(length + max_tokens, 64) / block_size) > num_blocks:
+            continue  # the engine refuses requests that could never fit
+        tokens = [family] * (length // 2) + [n % 7] * (length - length // 2)
+        seq = Sequence(str(n), tokens, SamplingParams(max_tokens=max_tokens), priority)
+        s.add(seq)
+        seqs.append(seq)
+    for steps in range(2000):
+        if not s.has_unfinished():
+            break
+        if steps in aborts and steps < len(seqs) and not seqs[steps].is_finished:
+            s.abort(seqs[steps])
+        was_running = list(s.running)
+        batch = s.schedule()
+        assert batch.num_tokens <= budget
+        assert len(s.running) <= max_num_seqs
+        if static and was_running:
+            assert all(i.seq in was_running for i in batch.seqs), "static mode admitted mid-batch"
+        check_block_invariants(s.block_manager, s.running)
+        s.postprocess(batch, runner.run(batch), stop_at_length(64))
+        check_block_invariants(s.block_manager, s.running)
+    assert not s.has_unfinished(), "a sequence never finished"
+    for seq in seqs:
+        assert seq.is_finished
+        if seq.finish_reason == "length":
+            assert seq.num_output_tokens == min(seq.params.max_tokens, 64 - seq.num_prompt_tokens)
+    assert s.block_manager.num_free_blocks == num_blocks

@@ -1,0 +1,18 @@
+"""Bookkeeping imports no torch, so it stays fast to test and easy to reason about."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+BOOKKEEPING = [
+    "config", "sampling_params", "sequence", "outputs", "prefix_hash", "block_manager",
+    "scheduler", "detokenizer", "memory_budget", "model_config", "tokenizer",
+]  # fmt: skip
+
+
+def test_bookkeeping_modules_do_not_import_torch() -> None:
+    imports = "; ".join(f"import kvscale_engine.{m}" for m in BOOKKEEPING)
+    code = f"import sys; {imports}; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
