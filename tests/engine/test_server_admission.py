@@ -122,9 +122,15 @@ def test_queue_wait_past_the_deadline_is_refused(server: LiveServer) -> None:
     assert timed_out.status_code == 429 and timed_out.json()["error"]["code"] == "timeout"
     assert 0.25 <= elapsed < 5.0
     holder.release()
-    assert _sample(
-        server, "kvscale:admission_rejections_total", reason="timeout", traffic_class="impatient"
-    ) == 1
+    assert (
+        _sample(
+            server,
+            "kvscale:admission_rejections_total",
+            reason="timeout",
+            traffic_class="impatient",
+        )
+        == 1
+    )
 
 
 def test_missing_or_unknown_class_uses_the_default(server: LiveServer) -> None:

@@ -96,8 +96,10 @@ def test_values_follow_the_requests(families: dict[str, Metric]) -> None:
     assert value("vllm:e2e_request_latency_seconds", "_count") == 3
     assert value("vllm:request_generation_tokens", "_sum") == 24
     queries = value("vllm:prefix_cache_queries", "_total")
-    assert value("vllm:prompt_tokens", "_total") == queries == value(
-        "vllm:request_prompt_tokens", "_sum"
+    assert (
+        value("vllm:prompt_tokens", "_total")
+        == queries
+        == value("vllm:request_prompt_tokens", "_sum")
     )
     assert 0 < value("vllm:prefix_cache_hits", "_total") < queries  # the shared prefix, in tokens
     assert 0.0 <= value("vllm:kv_cache_usage_perc") <= 1.0

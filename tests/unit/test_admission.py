@@ -1,0 +1,165 @@
+"""Admission control as pure logic: limits, queues, deadlines, priorities, draining, parsing."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvscale_engine.admission import (
+    AdmissionConfigError,
+    AdmissionController,
+    TrafficClass,
+    derive_concurrency_limit,
+    parse_duration_s,
+    parse_traffic_classes,
+)
+
+INTERACTIVE = TrafficClass("interactive", priority=10, max_queue=2, max_queue_wait_s=2.0)
+BATCH = TrafficClass("batch", priority=0, max_queue=10, max_queue_wait_s=60.0)
+
+
+def controller(limit: int | None = 2, *classes: TrafficClass) -> AdmissionController:
+    return AdmissionController(classes or (INTERACTIVE, BATCH), limit)
+
+
+def test_admits_up_to_the_limit_then_queues_then_refuses_a_full_queue() -> None:
+    ac = controller(2)
+    assert [ac.offer(t, INTERACTIVE, 0.0).outcome for t in range(5)] == [
+        "admit", "admit", "queue", "queue", "reject",
+    ]  # fmt: skip
+    refused = ac.offer(9, INTERACTIVE, 0.0)
+    assert refused.reason == "queue_full" and refused.retry_after_s >= 1
+    assert ac.in_flight == 2 and ac.queued == 2
+
+
+def test_release_starts_the_most_important_waiter_first() -> None:
+    ac = controller(1)
+    assert ac.offer(0, BATCH, 0.0).outcome == "admit"
+    assert ac.offer(1, BATCH, 0.1).outcome == "queue"
+    assert ac.offer(2, INTERACTIVE, 0.2).outcome == "queue"
+    assert ac.release(0, 1.0) == [2]  # interactive jumps the older batch request
+    assert ac.release(2, 2.0) == [1]
+    assert ac.release(1, 3.0) == []
+    assert ac.in_flight == 0
+
+
+def test_fifo_within_a_class() -> None:
+    ac = controller(1)
+    ac.offer(0, BATCH, 0.0)
+    for t in (1, 2, 3):
+        ac.offer(t, BATCH, float(t))
+    assert [ac.release(t, 10.0 + t)[0] for t in (0, 1, 2)] == [1, 2, 3]
+
+
+def test_per_class_concurrency_limit() -> None:
+    capped = TrafficClass("capped", max_concurrency=1, max_queue=5)
+    ac = controller(10, capped, BATCH)
+    assert ac.offer(0, capped, 0.0).outcome == "admit"
+    assert ac.offer(1, capped, 0.0).outcome == "queue"  # class full, replica not
+    assert ac.offer(2, BATCH, 0.0).outcome == "admit"
+    assert ac.release(2, 1.0) == []  # a batch slot does not start the capped waiter
+    assert ac.release(0, 1.0) == [1]
+
+
+def test_predicted_wait_past_the_deadline_is_refused_at_once() -> None:
+    ac = controller(1)
+    ac.offer(0, INTERACTIVE, 0.0)
+    assert ac.predicted_wait_s(INTERACTIVE) == 0.0  # no service time measured yet
+    ac.release(0, 1.5)  # one request held its slot for 1.5 s
+    ac.offer(1, INTERACTIVE, 2.0)
+    assert ac.offer(2, INTERACTIVE, 2.0).outcome == "queue"  # 1 ahead: ~1.5 s < 2 s
+    assert ac.predicted_wait_s(INTERACTIVE) == pytest.approx(3.0)
+    verdict = ac.offer(3, INTERACTIVE, 2.0)  # 2 ahead: ~3 s > 2 s
+    assert (verdict.outcome, verdict.reason) == ("reject", "deadline")
+    assert verdict.retry_after_s == 3.0
+
+
+def test_cancel_removes_a_queued_ticket_only() -> None:
+    ac = controller(1)
+    ac.offer(0, BATCH, 0.0)
+    ac.offer(1, BATCH, 0.0)
+    assert ac.cancel(1) is True
+    assert ac.cancel(1) is False
+    assert ac.cancel(0) is False  # running, not queued
+    assert ac.release(0, 1.0) == []
+
+
+def test_draining_refuses_new_work_but_serves_the_queue() -> None:
+    ac = controller(1)
+    ac.offer(0, BATCH, 0.0)
+    ac.offer(1, BATCH, 0.0)
+    ac.start_draining()
+    verdict = ac.offer(2, INTERACTIVE, 0.0)
+    assert (verdict.outcome, verdict.reason) == ("reject", "draining")
+    assert ac.release(0, 1.0) == [1]
+
+
+def test_unlimited_controller_admits_everything() -> None:
+    ac = controller(None)
+    assert all(ac.offer(t, BATCH, 0.0).outcome == "admit" for t in range(1000))
+
+
+def test_unknown_or_missing_class_resolves_to_the_default() -> None:
+    ac = controller(2)
+    assert ac.resolve(None) is INTERACTIVE
+    assert ac.resolve("nope") is INTERACTIVE
+    assert ac.resolve("batch") is BATCH
+    assert AdmissionController((), 1).resolve(None).name == "default"
+
+
+@pytest.mark.parametrize(
+    ("blocks", "block_size", "max_len", "max_seqs", "expected"),
+    [
+        (256, 16, 512, 256, 8),  # 8 requests of 512 tokens fill 256 blocks of 16
+        (256, 16, 500, 256, 8),  # 500 tokens still need 32 blocks
+        (256, 16, 512, 4, 4),  # never above max_num_seqs
+        (10, 16, 512, 256, 1),  # at least one
+    ],
+)
+def test_limit_from_the_kv_budget(
+    blocks: int, block_size: int, max_len: int, max_seqs: int, expected: int
+) -> None:
+    assert derive_concurrency_limit(blocks, block_size, max_len, max_seqs) == expected
+
+
+def test_parse_traffic_classes_accepts_the_operators_json() -> None:
+    classes = parse_traffic_classes(
+        '[{"name":"interactive","priority":10,"maxQueueWaitSeconds":2.5},'
+        ' {"name":"batch","max_queue":5,"maxConcurrency":3,"maxQueueWait":"250ms"}]'
+    )
+    assert classes == (
+        TrafficClass("interactive", priority=10, max_queue_wait_s=2.5),
+        TrafficClass("batch", max_queue=5, max_concurrency=3, max_queue_wait_s=0.25),
+    )
+    assert parse_traffic_classes(None) == (TrafficClass(),)
+    assert parse_traffic_classes('{"name": "solo"}') == (TrafficClass("solo"),)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "not json",
+        "[]",
+        "[1, 2]",
+        '[{"name": "a", "colour": "red"}]',
+        '[{"name": "a", "priority": "high"}]',
+        '[{"name": "a", "maxQueue": -1}]',
+        '[{"name": "a", "maxConcurrency": 0}]',
+        '[{"name": "has space"}]',
+        '[{"name": "a", "maxQueueWaitSeconds": "soon"}]',
+    ],
+)
+def test_parse_traffic_classes_rejects_bad_input(text: str) -> None:
+    with pytest.raises(AdmissionConfigError):
+        parse_traffic_classes(text)
+
+
+def test_duplicate_class_names_are_refused() -> None:
+    with pytest.raises(AdmissionConfigError):
+        AdmissionController((BATCH, BATCH), 1)
+
+
+@pytest.mark.parametrize(
+    ("value", "seconds"), [(2, 2.0), (0.5, 0.5), ("250ms", 0.25), ("3s", 3.0), ("1m", 60.0)]
+)
+def test_durations(value: object, seconds: float) -> None:
+    assert parse_duration_s(value) == seconds
