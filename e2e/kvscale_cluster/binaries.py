@@ -1,0 +1,32 @@
+"""Where the control-plane binaries are: ``$KVSCALE_K8S_BIN``, else built (once) by build.sh."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+BUILD_SCRIPT = Path(__file__).resolve().parent.parent / "k8sbin" / "build.sh"
+NAMES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler")
+
+
+class MissingBinaries(RuntimeError):
+    """The control plane is neither cached nor buildable."""
+
+
+def k8s_bin_dir() -> Path:
+    """The folder holding etcd, kube-apiserver, kube-controller-manager and kube-scheduler."""
+    configured = os.environ.get("KVSCALE_K8S_BIN")
+    if configured:
+        folder = Path(configured)
+    else:
+        if not BUILD_SCRIPT.exists():
+            raise MissingBinaries(f"KVSCALE_K8S_BIN is unset and {BUILD_SCRIPT} does not exist")
+        done = subprocess.run([str(BUILD_SCRIPT)], capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            raise MissingBinaries(f"{BUILD_SCRIPT} failed:\n{done.stderr[-4000:]}")
+        folder = Path(done.stdout.strip().splitlines()[-1])
+    missing = [n for n in NAMES if not os.access(folder / n, os.X_OK)]
+    if missing:
+        raise MissingBinaries(f"{folder} lacks {', '.join(missing)}; run e2e/k8sbin/build.sh")
+    return folder

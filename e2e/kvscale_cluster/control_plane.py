@@ -1,0 +1,190 @@
+"""etcd, kube-apiserver, kube-controller-manager and kube-scheduler as local processes.
+
+Flags are the minimum a real cluster needs: RBAC, token authentication for clients, a
+service-account issuer (TokenRequest works), ``--endpoint-reconciler-type=none`` because the
+API server's address is not publishable as a Service endpoint, and leader election off.
+"""
+
+from __future__ import annotations
+
+import ssl
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import process
+from .pki import Pki
+from .ports import free_port
+from .wait import GiveUp, wait_for
+
+SERVICE_CIDR = "10.96.0.0/16"
+ISSUER = "https://kubernetes.default.svc.cluster.local"
+CONTROLLERS = (
+    "deployment-controller",
+    "replicaset-controller",
+    "statefulset-controller",
+    "job-controller",
+    "garbage-collector-controller",
+    "namespace-controller",
+    "serviceaccount-controller",
+    "serviceaccount-token-controller",
+    "endpoints-controller",
+    "endpointslice-controller",
+    "endpointslice-mirroring-controller",
+    "root-ca-certificate-publisher-controller",
+    "disruption-controller",
+    "horizontal-pod-autoscaler-controller",
+    "clusterrole-aggregation-controller",
+    "pod-garbage-collector-controller",
+)
+
+
+@dataclass(frozen=True)
+class Endpoints:
+    """Addresses the control plane listens on."""
+
+    etcd_url: str
+    api_url: str
+    controller_manager_port: int
+    scheduler_port: int
+
+
+def _get(url: str, token: str | None = None, ca: Path | None = None) -> bool:
+    context = ssl.create_default_context(cafile=str(ca)) if ca else ssl._create_unverified_context()
+    request = urllib.request.Request(url)
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=2, context=context) as response:
+            return bool(response.status == 200)
+    except OSError:
+        return False
+
+
+def _ensure_running(component: process.Component) -> None:
+    if not process.alive(component.pid):
+        raise GiveUp(
+            f"{component.name} exited during start-up; its log ends:\n{process.tail(component.log)}"
+        )
+
+
+def allocate(api_host: str) -> Endpoints:
+    return Endpoints(
+        etcd_url=f"http://127.0.0.1:{free_port()}",
+        api_url=f"https://{api_host}:{free_port(api_host)}",
+        controller_manager_port=free_port(),
+        scheduler_port=free_port(),
+    )
+
+
+def start_etcd(bin_dir: Path, data: Path, logs: Path, ep: Endpoints) -> process.Component:
+    peer = f"http://127.0.0.1:{free_port()}"
+    argv = [
+        str(bin_dir / "etcd"),
+        f"--data-dir={data}",
+        f"--listen-client-urls={ep.etcd_url}",
+        f"--advertise-client-urls={ep.etcd_url}",
+        f"--listen-peer-urls={peer}",
+        f"--initial-advertise-peer-urls={peer}",
+        f"--initial-cluster=default={peer}",
+        "--unsafe-no-fsync",
+        "--log-level=warn",
+        "--quota-backend-bytes=2147483648",
+    ]
+    etcd = process.start("etcd", argv, logs)
+
+    def healthy() -> bool:
+        _ensure_running(etcd)
+        return _get(f"{ep.etcd_url}/health")
+
+    wait_for(healthy, 30, "etcd /health")
+    return etcd
+
+
+def start_apiserver(
+    bin_dir: Path, pki: Pki, work: Path, logs: Path, ep: Endpoints, advertise: str
+) -> process.Component:
+    host, port = ep.api_url.removeprefix("https://").rsplit(":", 1)
+    argv = [
+        str(bin_dir / "kube-apiserver"),
+        f"--etcd-servers={ep.etcd_url}",
+        f"--bind-address={host}",
+        f"--secure-port={port}",
+        f"--advertise-address={advertise}",
+        "--endpoint-reconciler-type=none",
+        "--authorization-mode=RBAC",
+        f"--token-auth-file={pki.token_file}",
+        f"--client-ca-file={pki.ca_cert}",
+        f"--requestheader-client-ca-file={pki.ca_cert}",
+        "--requestheader-allowed-names=front-proxy-client",
+        f"--tls-cert-file={pki.serving_cert}",
+        f"--tls-private-key-file={pki.serving_key}",
+        f"--service-account-issuer={ISSUER}",
+        f"--service-account-key-file={pki.sa_pub}",
+        f"--service-account-signing-key-file={pki.sa_key}",
+        f"--api-audiences={ISSUER}",
+        f"--service-cluster-ip-range={SERVICE_CIDR}",
+        f"--cert-dir={work / 'apiserver-certs'}",
+        "--allow-privileged=true",
+        "--profiling=false",
+        "--v=1",
+    ]
+    apiserver = process.start("kube-apiserver", argv, logs)
+
+    def ready() -> bool:
+        _ensure_running(apiserver)
+        return _get(f"{ep.api_url}/readyz", pki.admin_token, pki.ca_cert)
+
+    wait_for(ready, 60, "kube-apiserver /readyz")
+    return apiserver
+
+
+def start_controllers(
+    bin_dir: Path, pki: Pki, kubeconfig: Path, work: Path, logs: Path, ep: Endpoints
+) -> tuple[process.Component, process.Component]:
+    """Start the controller manager and the scheduler; ``wait_controllers`` waits for them."""
+    common = [
+        f"--kubeconfig={kubeconfig}",
+        f"--authentication-kubeconfig={kubeconfig}",
+        f"--authorization-kubeconfig={kubeconfig}",
+        "--leader-elect=false",
+        "--bind-address=127.0.0.1",
+        "--v=1",
+    ]
+    kcm = process.start(
+        "kube-controller-manager",
+        [
+            str(bin_dir / "kube-controller-manager"),
+            *common,
+            f"--secure-port={ep.controller_manager_port}",
+            f"--cert-dir={work / 'kcm-certs'}",
+            f"--controllers={','.join(CONTROLLERS)}",
+            f"--service-account-private-key-file={pki.sa_key}",
+            f"--root-ca-file={pki.ca_cert}",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            "--use-service-account-credentials=false",
+        ],
+        logs,
+    )
+    scheduler = process.start(
+        "kube-scheduler",
+        [
+            str(bin_dir / "kube-scheduler"),
+            *common,
+            f"--secure-port={ep.scheduler_port}",
+            f"--cert-dir={work / 'scheduler-certs'}",
+        ],
+        logs,
+    )
+    return kcm, scheduler
+
+
+def wait_controllers(kcm: process.Component, scheduler: process.Component, ep: Endpoints) -> None:
+    """Wait until the controller manager and the scheduler answer /healthz."""
+    for component, port in ((kcm, ep.controller_manager_port), (scheduler, ep.scheduler_port)):
+
+        def healthy(component: process.Component = component, port: int = port) -> bool:
+            _ensure_running(component)
+            return _get(f"https://127.0.0.1:{port}/healthz")
+
+        wait_for(healthy, 60, f"{component.name} /healthz")

@@ -1,0 +1,69 @@
+"""Container images the process kubelet can "run": each maps to a local command.
+
+There is no registry and no container runtime; an image's repository selects an entry point in
+this Python environment, and ``command``/``args`` work as they would on a real node. Images are
+matched on their repository (tag and digest ignored, any registry prefix allowed), so the same
+manifests name real images on a real cluster.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+VENV_BIN = Path(sys.executable).parent
+
+# repository -> entry point (the image's ENTRYPOINT); a str is a console script in VENV_BIN
+ENTRYPOINTS: dict[str, list[str]] = {
+    "kvscale/engine": ["kvscale-engine"],
+    "kvscale/router": ["kvscale-router"],
+    "kvscale/operator": ["kvscale"],
+    "kvscale/testserver": [sys.executable, "-m", "kvscale_cluster.testserver"],
+}
+
+
+class ImageError(RuntimeError):
+    """The image has no local command; the pod reports ErrImagePull with this message."""
+
+
+def repository(image: str) -> str:
+    """``ghcr.io/x/kvscale/engine:0.1@sha256:..`` -> ``ghcr.io/x/kvscale/engine``."""
+    name = image.split("@", 1)[0]
+    slash = name.rfind("/")
+    colon = name.rfind(":")
+    return name[:colon] if colon > slash else name
+
+
+def entrypoint(image: str) -> list[str]:
+    repo = repository(image)
+    for known, argv in ENTRYPOINTS.items():
+        if repo == known or repo.endswith("/" + known):
+            return list(argv)
+    raise ImageError(
+        f'Failed to pull image "{image}": the kvscale process kubelet has no command for '
+        f"repository {repo!r} (known: {', '.join(sorted(ENTRYPOINTS))})"
+    )
+
+
+def _executable(name: str, image: str) -> str:
+    if os.path.isabs(name):
+        return name
+    local = VENV_BIN / name
+    if local.exists():
+        return str(local)
+    found = shutil.which(name)
+    if found is None:
+        raise ImageError(f'Image "{image}": command {name!r} is not installed in {VENV_BIN}')
+    return found
+
+
+def container_argv(container: dict[str, Any]) -> list[str]:
+    """The argv a container runs: its ``command`` (or the image's entry point) plus ``args``."""
+    image = container.get("image", "")
+    base = entrypoint(image)
+    command = container.get("command") or base
+    args = container.get("args") or []
+    return [_executable(command[0], image), *command[1:], *args]

@@ -1,0 +1,169 @@
+"""The process kubelet: registers Nodes (with ``nvidia.com/gpu`` capacity), keeps them Ready and
+their Leases fresh, and runs every pod bound to them as local processes (one ``PodWorker`` per pod).
+
+Run as ``python -m kvscale_cluster.kubelet``; the launcher starts it in its own process group.
+SIGTERM stops every pod's processes (their pods stay in the API) and removes their namespaces.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from types import FrameType
+
+from .config import NodeConfig, nodes_from_json
+from .kube_api import MERGE, ApiError, KubeApi, Obj
+from .netns import make_network
+from .nodes import lease_object, node_object, node_status, now_iso, now_micro
+from .pod_worker import PodContext, PodWorker
+
+log = logging.getLogger("kvscale.kubelet")
+HEARTBEAT_SECONDS = 10.0
+SYNC_SECONDS = 0.5
+NOT_READY_TAINTS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
+
+
+class Kubelet:
+    """Publishes the nodes and keeps one worker per pod bound to them."""
+
+    def __init__(self, api: KubeApi, nodes: tuple[NodeConfig, ...], ctx: PodContext) -> None:
+        self.api = api
+        self.nodes = nodes
+        self.ctx = ctx
+        self.workers: dict[str, PodWorker] = {}
+        self.started = now_iso()
+        self.node_uids: dict[str, str] = {}
+        self.stopping = threading.Event()
+
+    def register(self) -> None:
+        """Create (or adopt) each Node, publish its status and drop not-ready taints.
+
+        The API server's TaintNodesByCondition admission taints new nodes not-ready; the
+        node-lifecycle controller would lift it once the node is Ready, but we keep the node Ready
+        ourselves and lift it here, so pods are never stranded.
+        """
+        for node in self.nodes:
+            try:
+                created = self.api.post("/api/v1/nodes", node_object(node))
+            except ApiError as error:
+                if error.status != 409:
+                    raise
+                created = self.api.get(f"/api/v1/nodes/{node.name}")
+            self.node_uids[node.name] = created["metadata"]["uid"]
+            self._heartbeat(node)
+            taints = [
+                t
+                for t in created["spec"].get("taints") or []
+                if t.get("key") not in NOT_READY_TAINTS
+            ]
+            self.api.patch(
+                f"/api/v1/nodes/{node.name}", {"spec": {"taints": taints or None}}, MERGE
+            )
+            log.info("Registered node %s with %d GPUs", node.name, node.gpus)
+
+    def _heartbeat(self, node: NodeConfig) -> None:
+        status = node_status(node, self.ctx.network.host_ip, self.started)
+        self.api.patch(f"/api/v1/nodes/{node.name}/status", {"status": status}, MERGE)
+        path = f"/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/{node.name}"
+        try:
+            lease = self.api.get(path)
+        except ApiError as error:
+            if error.status != 404:
+                raise
+            self.api.post(
+                "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases",
+                lease_object(node, self.node_uids[node.name]),
+            )
+            return
+        lease["spec"]["renewTime"] = now_micro()
+        self.api.put(path, lease)
+
+    def _bound_pods(self) -> dict[str, Obj]:
+        pods: dict[str, Obj] = {}
+        for node in self.nodes:
+            listed = self.api.get("/api/v1/pods", {"fieldSelector": f"spec.nodeName={node.name}"})
+            for pod in listed["items"]:
+                pods[pod["metadata"]["uid"]] = pod
+        return pods
+
+    def sync(self) -> None:
+        """One level-triggered pass: start workers for new pods, feed the rest their latest."""
+        pods = self._bound_pods()
+        for uid, pod in pods.items():
+            worker = self.workers.get(uid)
+            if worker is None:
+                worker = PodWorker(self.ctx, pod)
+                self.workers[uid] = worker
+                worker.start()
+            else:
+                worker.update(pod)
+        for uid, worker in list(self.workers.items()):
+            if uid not in pods:
+                worker.vanish()
+            if not worker.is_alive():
+                del self.workers[uid]
+
+    def run(self) -> None:
+        self.register()
+        next_beat = time.monotonic() + HEARTBEAT_SECONDS
+        while not self.stopping.is_set():
+            try:
+                self.sync()
+                if time.monotonic() >= next_beat:
+                    for node in self.nodes:
+                        self._heartbeat(node)
+                    next_beat = time.monotonic() + HEARTBEAT_SECONDS
+            except Exception:
+                log.exception("Kubelet sync failed; retrying")
+            self.stopping.wait(SYNC_SECONDS)
+        self.shutdown()
+
+    def shutdown(self) -> None:
+        """Stop every pod's processes and free their namespaces."""
+        for worker in self.workers.values():
+            worker.shutdown()
+        for worker in self.workers.values():
+            worker.join(timeout=15)
+        log.info("Kubelet stopped %d pods", len(self.workers))
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="kvscale_cluster.kubelet")
+    parser.add_argument("--kubeconfig", type=Path, required=True)
+    parser.add_argument("--slot", type=int, required=True)
+    parser.add_argument("--network", choices=("netns", "loopback"), required=True)
+    parser.add_argument("--nodes", required=True, help="JSON list of NodeConfig fields")
+    parser.add_argument("--state-dir", type=Path, required=True)
+    parser.add_argument("--pod-logs", type=Path, required=True)
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(threadName)s %(message)s"
+    )
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    api = KubeApi.from_kubeconfig(args.kubeconfig)
+    ctx = PodContext(
+        api=api,
+        network=make_network(args.slot, args.network),
+        network_lock=threading.Lock(),
+        state_dir=args.state_dir,
+        pod_logs=args.pod_logs,
+    )
+    kubelet = Kubelet(api, nodes_from_json(args.nodes), ctx)
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        log.info("Kubelet got signal %d; stopping", signum)
+        kubelet.stopping.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    kubelet.run()
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,138 @@
+"""Certificates and keys for the local control plane, made with ``cryptography``.
+
+One CA signs the API server's serving certificate; a separate RSA key pair signs and verifies
+service-account tokens (TokenRequest needs it). Clients authenticate with a static admin token.
+"""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+ADMIN_USER = "kvscale-admin"
+VALIDITY = datetime.timedelta(days=30)
+
+
+@dataclass(frozen=True)
+class Pki:
+    """Paths of the files the control plane reads, plus the admin bearer token."""
+
+    ca_cert: Path
+    ca_key: Path
+    serving_cert: Path
+    serving_key: Path
+    sa_key: Path
+    sa_pub: Path
+    token_file: Path
+    admin_token: str
+
+
+def _key() -> rsa.RSAPrivateKey:
+    return rsa.generate_private_key(public_exponent=65537, key_size=2048)
+
+
+def _write_key(key: rsa.RSAPrivateKey, path: Path) -> None:
+    path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.TraditionalOpenSSL,
+            serialization.NoEncryption(),
+        )
+    )
+    path.chmod(0o600)
+
+
+def _name(cn: str) -> x509.Name:
+    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
+
+
+def _ca(key: rsa.RSAPrivateKey) -> x509.Certificate:
+    now = datetime.datetime.now(datetime.UTC)
+    return (
+        x509.CertificateBuilder()
+        .subject_name(_name("kvscale-local-ca"))
+        .issuer_name(_name("kvscale-local-ca"))
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + VALIDITY)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                key_cert_sign=True,
+                crl_sign=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .sign(key, hashes.SHA256())
+    )
+
+
+def _serving(
+    key: rsa.RSAPrivateKey, ca: x509.Certificate, ca_key: rsa.RSAPrivateKey, ips: list[str]
+) -> x509.Certificate:
+    now = datetime.datetime.now(datetime.UTC)
+    dns = ["localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"]
+    dns.append("kubernetes.default.svc.cluster.local")
+    sans: list[x509.GeneralName] = [x509.DNSName(d) for d in dns]
+    sans += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ips]
+    return (
+        x509.CertificateBuilder()
+        .subject_name(_name("kube-apiserver"))
+        .issuer_name(ca.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + VALIDITY)
+        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .sign(ca_key, hashes.SHA256())
+    )
+
+
+def create_pki(directory: Path, server_ips: list[str]) -> Pki:
+    """Write a fresh CA, serving certificate for ``server_ips``, SA key pair and token file."""
+    directory.mkdir(parents=True, exist_ok=True)
+    pki = Pki(
+        ca_cert=directory / "ca.crt",
+        ca_key=directory / "ca.key",
+        serving_cert=directory / "apiserver.crt",
+        serving_key=directory / "apiserver.key",
+        sa_key=directory / "sa.key",
+        sa_pub=directory / "sa.pub",
+        token_file=directory / "tokens.csv",
+        admin_token=secrets.token_hex(24),
+    )
+    ca_key, serving_key, sa_key = _key(), _key(), _key()
+    ca = _ca(ca_key)
+    _write_key(ca_key, pki.ca_key)
+    pki.ca_cert.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    _write_key(serving_key, pki.serving_key)
+    serving = _serving(serving_key, ca, ca_key, server_ips)
+    pki.serving_cert.write_bytes(serving.public_bytes(serialization.Encoding.PEM))
+    _write_key(sa_key, pki.sa_key)
+    pki.sa_pub.write_bytes(
+        sa_key.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+    )
+    # token,user,uid,"group1,group2"
+    pki.token_file.write_text(f'{pki.admin_token},{ADMIN_USER},{ADMIN_USER},"system:masters"\n')
+    pki.token_file.chmod(0o600)
+    return pki
