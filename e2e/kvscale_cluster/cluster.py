@@ -132,7 +132,7 @@ class Cluster:
         mode = config.network
         if mode == "auto":
             mode = "netns" if netns.netns_supported() else "loopback"
-        slot = netns.claim_slot([os.getpid()])
+        slot = netns.claim_slot(str(directory), [os.getpid()])
         network = netns.make_network(slot, mode)
         state = ClusterState(
             directory=str(directory),
@@ -158,7 +158,9 @@ class Cluster:
 
     def _record(self, component: process.Component) -> None:
         self.state.pids[component.name] = component.pid
-        netns.record_slot(self.state.slot, [os.getpid(), *self.state.pids.values()])
+        netns.record_slot(
+            self.state.slot, self.state.directory, [os.getpid(), *self.state.pids.values()]
+        )
         self.state.save()
 
     def _start_components(self, config: ClusterConfig, bin_dir: Path) -> None:
@@ -230,7 +232,7 @@ class Cluster:
             pid = self.state.pids.get(name)
             if pid is not None:
                 process.stop(pid, grace=20.0 if name == "kubelet" else 10.0)
-        netns.release_slot(self.state.slot)
+        netns.release_slot(self.state.slot, self.state.directory)
         self.state.pids = {}
         if self.directory.exists():
             self.state.save()

@@ -21,6 +21,7 @@ import subprocess
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from .process import alive
 
@@ -60,12 +61,12 @@ def _registry_lock() -> Iterator[None]:
         yield
 
 
-def _slot_pids(slot: int) -> list[int]:
+def _slot_record(slot: int) -> dict[str, Any]:
     try:
-        pids: list[int] = json.loads((REGISTRY / str(slot)).read_text())["pids"]
-    except (FileNotFoundError, ValueError, KeyError):
-        return []
-    return pids
+        record: dict[str, Any] = json.loads((REGISTRY / str(slot)).read_text())
+    except (FileNotFoundError, ValueError):
+        return {}
+    return record
 
 
 def _netns_names() -> list[str]:
@@ -98,29 +99,34 @@ def clean_slot(slot: int) -> None:
             ip("link", "del", link, check=False)
 
 
-def claim_slot(pids: Sequence[int]) -> int:
-    """Claim a free slot for a cluster whose liveness is ``pids``; clean a stale one first."""
+def claim_slot(owner: str, pids: Sequence[int]) -> int:
+    """Claim a free slot for cluster ``owner`` (its folder) whose liveness is ``pids``;
+    clean a stale one first."""
     with _registry_lock():
+        links = _link_names()
         for slot in SLOTS:
-            held = _slot_pids(slot)
-            if any(alive(pid) for pid in held):
+            held = _slot_record(slot)
+            if any(alive(pid) for pid in held.get("pids", [])):
                 continue
-            if held or bridge_name(slot) in _link_names():
+            if held or bridge_name(slot) in links:
                 clean_slot(slot)  # left behind by a crashed run
-            record_slot(slot, pids)
+            record_slot(slot, owner, pids)
             return slot
     raise NetworkError("No free pod-network slot (250 clusters running?)")
 
 
-def record_slot(slot: int, pids: Sequence[int]) -> None:
-    """Set the PIDs whose liveness keeps ``slot`` held."""
+def record_slot(slot: int, owner: str, pids: Sequence[int]) -> None:
+    """Set the PIDs whose liveness keeps ``slot`` held by ``owner``."""
     REGISTRY.mkdir(parents=True, exist_ok=True)
-    (REGISTRY / str(slot)).write_text(json.dumps({"pids": list(pids)}))
+    (REGISTRY / str(slot)).write_text(json.dumps({"owner": owner, "pids": list(pids)}))
 
 
-def release_slot(slot: int) -> None:
-    """Clean ``slot`` and drop its registry entry."""
+def release_slot(slot: int, owner: str) -> None:
+    """Clean ``slot`` and drop its registry entry, unless another cluster has claimed it since
+    (a ``down`` long after a crash must not tear down the slot's new holder)."""
     with _registry_lock():
+        if _slot_record(slot).get("owner", owner) != owner:
+            return
         clean_slot(slot)
         (REGISTRY / str(slot)).unlink(missing_ok=True)
 
