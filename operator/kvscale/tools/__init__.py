@@ -1,0 +1,1 @@
+"""Command-line tools that talk to an endpoint over HTTP: `kvscale loadtest`."""
