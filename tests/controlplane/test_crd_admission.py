@@ -168,21 +168,21 @@ def test_the_table_is_large_enough() -> None:
 
 @pytest.mark.parametrize(("case", "obj", "phrase"), MALFORMED, ids=[c for c, _, _ in MALFORMED])
 def test_malformed_endpoint_is_refused(
-    kube: Kube, crd: None, namespace: str, case: str, obj: dict[str, Any], phrase: str
+    api: Kube, crd: None, namespace: str, case: str, obj: dict[str, Any], phrase: str
 ) -> None:
     obj = copy.deepcopy(obj)
     obj["metadata"] = {"name": case, "namespace": namespace}
     with pytest.raises(KubeError) as refused:
-        kube.create(obj, strict=True)
+        api.create(obj, strict=True)
     assert refused.value.status in (400, 422), refused.value.message
     assert phrase in refused.value.message, refused.value.message
-    assert kube.get("kvscale.io/v1alpha1", "LLMEndpoint", namespace, case) is None
+    assert api.get("kvscale.io/v1alpha1", "LLMEndpoint", namespace, case) is None
 
 
-def test_valid_endpoint_is_accepted_with_defaults(kube: Kube, crd: None, namespace: str) -> None:
+def test_valid_endpoint_is_accepted_with_defaults(api: Kube, crd: None, namespace: str) -> None:
     obj = copy.deepcopy(VALID)
     obj["metadata"]["namespace"] = namespace
-    created = kube.create(obj, strict=True)
+    created = api.create(obj, strict=True)
     spec = created["spec"]
     assert spec["engine"]["kind"] == "kvscale" and spec["engine"]["blockSize"] == 16
     assert spec["scaling"] == {

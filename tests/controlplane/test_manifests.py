@@ -6,19 +6,20 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from endpoint_helpers import ROOT, endpoint, wait_available
 from kopf.testing import KopfRunner
+from kubernetes.config import kube_config
 
 from kvscale.kube import Kube
-
-from .conftest import ROOT, kubectl
-from .test_reconcile import endpoint, wait_available
+from kvscale_cluster.fixtures import kubectl
 
 SERVICEMONITOR_CRD = ROOT / "e2e" / "crds" / "servicemonitors.monitoring.coreos.com.yaml"
 NAMESPACE = "kvscale-system"
 
 
 def rendered(cluster: Any) -> list[dict[str, Any]]:
-    return [d for d in yaml.safe_load_all(kubectl(cluster, "kustomize", str(ROOT / "manifests")))]
+    out = kubectl(cluster, "kustomize", str(ROOT / "manifests")).stdout
+    return list(yaml.safe_load_all(out))
 
 
 def test_manifests_render_every_part(cluster: Any) -> None:
@@ -56,7 +57,7 @@ def test_manifests_pass_a_server_side_dry_run(cluster: Any, crd: None) -> None:
         "-f",
         "-",
         stdin=yaml.safe_dump_all(docs),
-    )
+    ).stdout
     for kind in ("customresourcedefinition", "clusterrole", "deployment", "servicemonitor"):
         assert kind in out.lower(), out
 
@@ -75,10 +76,10 @@ def test_samples_pass_a_server_side_dry_run(cluster: Any, crd: None, namespace: 
         )
 
 
-def _operator_kubeconfig(cluster: Any, kube: Kube, directory: Path) -> Path:
+def _operator_kubeconfig(cluster: Any, api: Kube, directory: Path) -> Path:
     """A kubeconfig holding a token of the operator's ServiceAccount, as its pod would have."""
     path = f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts/kvscale-operator/token"
-    issued = kube.request("POST", path, {"spec": {"expirationSeconds": 3600}})
+    issued = api.request("POST", path, {"spec": {"expirationSeconds": 3600}})
     assert issued is not None
     config = {
         "apiVersion": "v1",
@@ -102,7 +103,7 @@ def _operator_kubeconfig(cluster: Any, kube: Kube, directory: Path) -> Path:
 
 
 def test_operator_runs_with_only_its_rbac(
-    cluster: Any, crd: None, kube: Kube, namespace: str, tmp_path: Path, monkeypatch: Any
+    cluster: Any, crd: None, api: Kube, namespace: str, tmp_path: Path, monkeypatch: Any
 ) -> None:
     docs = [
         d
@@ -110,9 +111,11 @@ def test_operator_runs_with_only_its_rbac(
         if d["kind"] in ("Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding")
     ]
     kubectl(cluster, "apply", "--server-side", "-f", "-", stdin=yaml.safe_dump_all(docs))
-    monkeypatch.setenv("KUBECONFIG", str(_operator_kubeconfig(cluster, kube, tmp_path)))
+    operator_kubeconfig = str(_operator_kubeconfig(cluster, api, tmp_path))
+    monkeypatch.setenv("KUBECONFIG", operator_kubeconfig)
+    monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", operator_kubeconfig)
     args = ["run", "--standalone", "--all-namespaces", "-m", "kvscale.handlers"]
-    kube.create(endpoint(namespace))
+    api.create(endpoint(namespace))
     with KopfRunner(args, timeout=60) as runner:
-        wait_available(kube, namespace, ready=1)
+        wait_available(api, namespace, ready=1)
     assert "Forbidden" not in runner.output and "403" not in runner.output, runner.output

@@ -3,8 +3,8 @@
 Pydantic writes JSON Schema 2020-12; the API server wants a structural OpenAPI v3 schema. The
 translation inlines `$ref`s, turns `Optional[X]` into an optional `X`, rewrites numeric
 `exclusiveMinimum` into the OpenAPI boolean form, drops what structural schemas forbid
-(`additionalProperties: false`, titles), and gives every object with a default `default: {}` so
-the server fills nested defaults when the user leaves a whole section out.
+(`additionalProperties: false`, titles), and keeps each section's fully expanded default so the
+server fills it when the user leaves a whole section out (CEL rules see complete objects).
 """
 
 from __future__ import annotations
@@ -56,11 +56,18 @@ def _convert(node: JSON, defs: JSON) -> JSON:
             out[key] = True
         else:
             out[key] = value
-    if out.get("type") == "object" and "properties" in out and "default" in out:
-        out["default"] = {}
+    if isinstance(out.get("default"), dict):
+        out["default"] = _prune(out["default"])
     if out.get("type") == "array" and out.get("default") == []:
         del out["default"]
     return out
+
+
+def _prune(value: Any) -> Any:
+    """A default as the server stores it: no nulls, no empty lists."""
+    if isinstance(value, dict):
+        return {k: _prune(v) for k, v in value.items() if v is not None and v != []}
+    return value
 
 
 def _printer_columns() -> list[JSON]:

@@ -1,8 +1,9 @@
 """One streamed request against any OpenAI-compatible endpoint, timed on the client.
 
-TTFT is from sending the request to the first chunk that carries output; ITL is each gap between
-chunks with output after that; E2E runs to the end of the stream. Token counts come from the
-final usage chunk (`stream_options.include_usage`), or the number of output chunks without it.
+TTFT is from sending the request to the first chunk that carries output (servers send one per
+token, text or not); ITL is each gap between such chunks after that; E2E runs to the end of the
+stream. Token counts come from the final usage chunk (`stream_options.include_usage`), or the
+number of output chunks without it.
 """
 
 from __future__ import annotations
@@ -90,12 +91,17 @@ def request_body(target: Target, req: PlannedRequest) -> dict[str, Any]:
 
 
 def _chunk_text(chunk: dict[str, Any], chat: bool) -> tuple[str | None, str | None]:
+    """(output text, finish reason); text is None for chunks that carry no output (usage, role)."""
     choices = chunk.get("choices") or []
     if not choices:
         return None, None
     choice = choices[0]
-    text = (choice.get("delta") or {}).get("content") if chat else choice.get("text")
-    return text, choice.get("finish_reason")
+    if not chat:
+        return choice.get("text") or "", choice.get("finish_reason")
+    delta = choice.get("delta") or {}
+    if "role" in delta:
+        return None, choice.get("finish_reason")
+    return delta.get("content") or "", choice.get("finish_reason")
 
 
 async def send(
@@ -129,7 +135,7 @@ async def send(
                 _usage(rec, chunk.get("usage"))
                 text, reason = _chunk_text(chunk, target.chat)
                 rec.finish_reason = reason or rec.finish_reason
-                if text:
+                if text is not None:  # a token arrived, even one with no printable text
                     chunks += 1
                     if target.keep_text:
                         rec.text += text
