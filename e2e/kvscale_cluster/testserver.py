@@ -1,7 +1,9 @@
 """The ``kvscale/testserver`` image: a small HTTP server for the cluster's own tests.
 
 ``GET /`` answers with the pod's name and address, ``GET /healthz`` with ok, ``GET /metrics`` with
-a Prometheus counter of requests. On SIGTERM it writes ``$TERM_MARKER_DIR/<pod>`` (when set),
+a Prometheus counter of requests. It also stands in for the engine in the operator's
+control-plane tests: it answers the engine's ``/health``, ``/ready`` and ``/drain`` and ignores
+the engine arguments it does not know. On SIGTERM it writes ``$TERM_MARKER_DIR/<pod>`` (when set),
 waits ``--term-delay`` seconds, and exits 0: the graceful-shutdown tests look for that file.
 """
 
@@ -27,6 +29,9 @@ class Handler(BaseHTTPRequestHandler):
         routes = {
             "/": f"hello from {name} at {os.environ.get('POD_IP', '?')}\n",
             "/healthz": "ok\n",
+            "/health": "ok\n",
+            "/ready": "ok\n",
+            "/drain": "drained\n",
             "/metrics": (
                 "# TYPE testserver_requests_total counter\n"
                 f"testserver_requests_total {self.server.requests}\n"
@@ -57,7 +62,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--host", default="0.0.0.0")
     parser.add_argument("--term-delay", type=float, default=0.0)
     parser.add_argument("--exit-code", type=int, default=None, help="exit at once with this code")
-    args = parser.parse_args(argv)
+    args, _engine_args = parser.parse_known_args(argv)
     if args.exit_code is not None:
         print(f"Exiting with {args.exit_code} as asked", flush=True)
         sys.exit(args.exit_code)
