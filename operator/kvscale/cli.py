@@ -43,6 +43,10 @@ def parser() -> argparse.ArgumentParser:
 
     crd = sub.add_parser("crd", help="print the LLMEndpoint CustomResourceDefinition")
     crd.set_defaults(func=_crd)
+
+    from kvscale.tools.loadtest import add_loadtest_parser
+
+    add_loadtest_parser(sub)
     return root
 
 
