@@ -387,7 +387,7 @@ async def _stream_events(
         async for index, out in gen.events():
             fmt.update(index, out.text, out.output_token_ids, out.finish_reason,
                        out.num_cached_tokens)  # fmt: skip
-            if out.delta_text or out.finished:
+            if out.new_token_ids or out.finished:  # one event per token, even text-less ones
                 yield fmt.delta(index, out.delta_text, out.finish_reason, include_usage)
     except Exception as exc:  # the status line is sent: report in-band, as OpenAI does
         log.error("Stream failed", exc_info=exc)

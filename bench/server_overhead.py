@@ -1,0 +1,113 @@
+"""Server overhead: output tokens/s through HTTP vs the offline engine, same workload, same run.
+
+The offline baseline submits every request to an LLMEngine at once and steps it to the end.
+The HTTP runs send the same requests, all at once, to `kvscale-engine serve` (a child process,
+same engine settings) with the load-test client: streaming with usage (what users see) and
+non-streaming. Output lengths are exact (EOS ignored) so both sides emit the same tokens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench.harness import make_engine, run_kvscale
+from bench.serving import engine_server
+from bench.workloads import Request, anyscale
+from kvscale.tools import loadtest
+from kvscale.tools.client import Target
+from kvscale.tools.workload import PlannedRequest
+from kvscale_engine.checkpoint import write_tiny_checkpoint
+from kvscale_engine.model_config import NAMED_ARCHS
+
+FULL: dict[str, Any] = {
+    "arch": "llama-bench-cpu", "requests": 64, "prompt_len": 64, "mean_output": 48, "cap": 128,
+    "max_num_seqs": 64, "repeats": 3,
+}  # fmt: skip
+QUICK: dict[str, Any] = {
+    "arch": "llama-tiny", "requests": 8, "prompt_len": 16, "mean_output": 8, "cap": 16,
+    "max_num_seqs": 8, "repeats": 1,
+}  # fmt: skip
+ENGINE = {"max_model_len": 512, "num_kv_blocks": 2048, "max_num_batched_tokens": 1024}
+
+
+def _planned(requests: list[Request]) -> list[PlannedRequest]:
+    return [
+        PlannedRequest(i, 0.0, r.prompt, len(r.prompt), r.max_tokens, None)
+        for i, r in enumerate(requests)
+    ]
+
+
+async def _streamed(url: str, requests: list[Request]) -> dict[str, Any]:
+    cfg = loadtest.LoadTestConfig(
+        target=Target(url, "bench", ignore_eos=True), requests=_planned(requests),
+        metrics_url=None, progress=False,
+    )  # fmt: skip
+    result = await loadtest.run(cfg)
+    done = [r for r in result.records if r.ok]
+    assert len(done) == len(requests), "every request should complete"
+    tokens = sum(r.output_tokens for r in done)
+    return {"seconds": result.duration_s, "output_tokens": tokens,
+            "output_tokens_per_s": tokens / result.duration_s}  # fmt: skip
+
+
+async def _unstreamed(url: str, requests: list[Request]) -> dict[str, Any]:
+    async with httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_connections=None)) as c:
+
+        async def one(r: Request) -> int:
+            body = {"model": "bench", "prompt": r.prompt, "max_tokens": r.max_tokens,
+                    "temperature": 0.0, "ignore_eos": True}  # fmt: skip
+            resp = await c.post(f"{url}/v1/completions", json=body)
+            resp.raise_for_status()
+            return int(resp.json()["usage"]["completion_tokens"])
+
+        start = time.perf_counter()
+        tokens = sum(await asyncio.gather(*(one(r) for r in requests)))
+        seconds = time.perf_counter() - start
+    return {"seconds": seconds, "output_tokens": tokens, "output_tokens_per_s": tokens / seconds}
+
+
+def run(quick: bool = False) -> dict[str, Any]:
+    p = QUICK if quick else FULL
+    shape = {k: v for k, v in NAMED_ARCHS[str(p["arch"])].items() if k != "model_type"}
+    requests = anyscale(p["requests"], p["prompt_len"], p["mean_output"], p["cap"],
+                        shape["vocab_size"])  # fmt: skip
+    settings = {**ENGINE, "max_num_seqs": p["max_num_seqs"]}
+    offline: list[float] = []
+    streamed: list[dict[str, Any]] = []
+    unstreamed: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        path = write_tiny_checkpoint(Path(tmp), seed=0, **shape)
+        engine = make_engine(path, **settings)
+        run_kvscale(engine, requests)  # warm-up (the server warms up at start and in round 1)
+        flags = [f"--{k.replace('_', '-')}={v}" for k, v in settings.items()]
+        with engine_server(path, *flags, f"--max-concurrency={p['max_num_seqs']}") as url:
+            # interleaved, so that load from elsewhere on the machine hits both sides alike
+            for _ in range(int(p["repeats"])):
+                offline.append(run_kvscale(engine, requests).tokens_per_s)
+                streamed.append(asyncio.run(_streamed(url, requests)))
+                unstreamed.append(asyncio.run(_unstreamed(url, requests)))
+    base = statistics.median(offline)
+    stream_tps = statistics.median(r["output_tokens_per_s"] for r in streamed)
+    plain_tps = statistics.median(r["output_tokens_per_s"] for r in unstreamed)
+    return {
+        "http_vs_offline": round(stream_tps / base, 3),
+        "http_unstreamed_vs_offline": round(plain_tps / base, 3),
+        "target": "http_vs_offline >= 0.9 (streaming, usage on, one SSE event per token)",
+        "offline_output_tokens_per_s": [round(x, 1) for x in offline],
+        "http_stream_output_tokens_per_s": [round(r["output_tokens_per_s"], 1) for r in streamed],
+        "http_unstreamed_output_tokens_per_s": [
+            round(r["output_tokens_per_s"], 1) for r in unstreamed
+        ],
+        "workload": {k: v for k, v in p.items() if k != "repeats"}
+        | {"output_tokens": sum(r.max_tokens for r in requests), "arrivals": "all at once"},
+        "engine": settings,
+        "notes": "medians of interleaved runs (offline, streamed, unstreamed); the load-test "
+        "client and the server share the machine's CPUs",
+    }

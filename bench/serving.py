@@ -1,0 +1,57 @@
+"""An engine server in a child process, for the benchmarks that go through HTTP."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@contextmanager
+def engine_server(model: Path, *args: str, name: str = "bench") -> Iterator[str]:
+    """Start `kvscale-engine serve` on a free loopback port; yield its base URL once ready."""
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    cmd = [
+        sys.executable, "-m", "kvscale_engine.cli", "serve", "--model", str(model),
+        "--served-model-name", name, "--host", "127.0.0.1", "--port", str(port),
+        "--device", "cpu", "--log-level", "warning", *args,
+    ]  # fmt: skip
+    with tempfile.TemporaryFile() as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 180
+            while not _ready(url):
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    log.seek(0)
+                    raise RuntimeError(f"server did not start:\n{log.read().decode()[-3000:]}")
+                time.sleep(0.1)
+            yield url
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def _ready(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/ready", timeout=2).status_code == 200
+    except httpx.TransportError:
+        return False
