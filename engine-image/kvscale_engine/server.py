@@ -230,6 +230,7 @@ def _add_openai_routes(app: FastAPI) -> None:
     async def completions(request: Request) -> Response:
         state = _state(request)
         body = await _parse(request, CompletionRequest)
+        state.require_loaded()
         _check_model(state, body.model)
         prompt = body.single_prompt
         ids = state.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
@@ -239,6 +240,7 @@ def _add_openai_routes(app: FastAPI) -> None:
     async def chat_completions(request: Request) -> Response:
         state = _state(request)
         body = await _parse(request, ChatCompletionRequest)
+        state.require_loaded()
         _check_model(state, body.model)
         try:
             text = state.tokenizer.apply_chat_template(body.chat_messages())
@@ -249,8 +251,6 @@ def _add_openai_routes(app: FastAPI) -> None:
 
 
 def _check_model(state: ServerState, model: str | None) -> None:
-    if state.phase == "loading":
-        return  # admission refuses with 503 below
     if model is not None and model != state.config.served_model_name:
         raise ClientError(
             f"The model {model!r} does not exist", status=404, param="model", code="model_not_found"

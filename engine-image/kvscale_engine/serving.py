@@ -214,10 +214,16 @@ class ServerState:
 
     # admission
 
+    def require_loaded(self) -> None:
+        """Refuse with 503 until the engine is loaded (and for good if it failed)."""
+        if self.phase == "loading":
+            raise Refused(503, "not_ready", 5.0, "the model is not loaded yet")
+        if self.phase == "failed" or not self.healthy:
+            raise Refused(503, "engine_failed", 30.0, "the engine failed; see /health")
+
     async def admit(self, class_name: str | None) -> Admitted:
         arrival = time.monotonic()
-        if self.phase in ("loading", "failed") or not self.healthy:
-            raise Refused(503, "not_ready", 5.0, "the model is not loaded yet")
+        self.require_loaded()
         admission = self.admission
         cls = admission.resolve(class_name)
         ticket = next(self._tickets)
