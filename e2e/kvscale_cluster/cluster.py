@@ -189,6 +189,8 @@ class Cluster:
                 f"--nodes={nodes_to_json(config.nodes)}",
                 f"--state-dir={work / 'kubelet'}",
                 f"--pod-logs={self.pod_logs_dir}",
+                f"--tls-cert={pki.serving_cert}",
+                f"--tls-key={pki.serving_key}",
             ],
             logs,
         )

@@ -126,6 +126,9 @@ def start_apiserver(
         f"--service-cluster-ip-range={SERVICE_CIDR}",
         f"--cert-dir={work / 'apiserver-certs'}",
         "--allow-privileged=true",
+        # kubectl logs: the process kubelet serves them on the node's InternalIP
+        "--kubelet-preferred-address-types=InternalIP",
+        f"--kubelet-certificate-authority={pki.ca_cert}",
         "--profiling=false",
         "--v=1",
     ]

@@ -18,9 +18,11 @@ from types import FrameType
 
 from .config import NodeConfig, nodes_from_json
 from .kube_api import MERGE, ApiError, KubeApi, Obj
+from .log_server import start_log_server
 from .netns import make_network
 from .nodes import lease_object, node_object, node_status, now_iso, now_micro
 from .pod_worker import PodContext, PodWorker
+from .ports import free_port
 
 log = logging.getLogger("kvscale.kubelet")
 HEARTBEAT_SECONDS = 10.0
@@ -31,8 +33,11 @@ NOT_READY_TAINTS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreacha
 class Kubelet:
     """Publishes the nodes and keeps one worker per pod bound to them."""
 
-    def __init__(self, api: KubeApi, nodes: tuple[NodeConfig, ...], ctx: PodContext) -> None:
+    def __init__(
+        self, api: KubeApi, nodes: tuple[NodeConfig, ...], ctx: PodContext, port: int
+    ) -> None:
         self.api = api
+        self.port = port
         self.nodes = nodes
         self.ctx = ctx
         self.workers: dict[str, PodWorker] = {}
@@ -67,7 +72,7 @@ class Kubelet:
             log.info("Registered node %s with %d GPUs", node.name, node.gpus)
 
     def _heartbeat(self, node: NodeConfig) -> None:
-        status = node_status(node, self.ctx.network.host_ip, self.started)
+        status = node_status(node, self.ctx.network.host_ip, self.started, self.port)
         self.api.patch(f"/api/v1/nodes/{node.name}/status", {"status": status}, MERGE)
         path = f"/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/{node.name}"
         try:
@@ -140,6 +145,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--nodes", required=True, help="JSON list of NodeConfig fields")
     parser.add_argument("--state-dir", type=Path, required=True)
     parser.add_argument("--pod-logs", type=Path, required=True)
+    parser.add_argument("--tls-cert", type=Path, required=True, help="for the log endpoint")
+    parser.add_argument("--tls-key", type=Path, required=True)
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(threadName)s %(message)s"
@@ -153,7 +160,10 @@ def main(argv: list[str] | None = None) -> None:
         state_dir=args.state_dir,
         pod_logs=args.pod_logs,
     )
-    kubelet = Kubelet(api, nodes_from_json(args.nodes), ctx)
+    host = ctx.network.host_ip
+    port = free_port(host)
+    start_log_server(host, port, args.tls_cert, args.tls_key, args.pod_logs)
+    kubelet = Kubelet(api, nodes_from_json(args.nodes), ctx, port)
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
         log.info("Kubelet got signal %d; stopping", signum)

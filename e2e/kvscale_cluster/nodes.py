@@ -34,7 +34,7 @@ def node_object(node: NodeConfig) -> Obj:
     return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node.name, "labels": labels}}
 
 
-def node_status(node: NodeConfig, host_ip: str, started: str) -> Obj:
+def node_status(node: NodeConfig, host_ip: str, started: str, port: int) -> Obj:
     capacity = {
         "cpu": node.cpu,
         "memory": node.memory,
@@ -67,7 +67,7 @@ def node_status(node: NodeConfig, host_ip: str, started: str) -> Obj:
             {"type": "InternalIP", "address": host_ip},
             {"type": "Hostname", "address": node.name},
         ],
-        "daemonEndpoints": {"kubeletEndpoint": {"Port": 0}},
+        "daemonEndpoints": {"kubeletEndpoint": {"Port": port}},
         "nodeInfo": {
             "machineID": node.name,
             "systemUUID": node.name,

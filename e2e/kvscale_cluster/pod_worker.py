@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import signal
 import subprocess
 import threading
@@ -17,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
+
+import httpx
 
 from . import images
 from .kube_api import ApiError, KubeApi, Obj
@@ -63,6 +66,7 @@ class ContainerRun:
     next_start: float = 0.0
     backoff: float = 1.0
     probes: dict[str, ProbeState] = field(default_factory=dict)
+    init: bool = False
 
     @property
     def name(self) -> str:
@@ -99,6 +103,7 @@ class PodWorker(threading.Thread):
         self._gone = False
         self._shutdown = False
         self.address: PodAddress | None = None
+        self.inits: list[ContainerRun] = []  # init containers, run in order to completion
         self.runs: list[ContainerRun] = []
         self._waiting: tuple[str, str] | None = None  # (reason, message) before containers run
         self._sent: Obj | None = None
@@ -153,8 +158,9 @@ class PodWorker(threading.Thread):
                 self._terminate(pod)
                 return
             now = time.monotonic()
-            for run in self.runs:
-                self._tick(run, pod, now)
+            if not self._initializing(pod, now):
+                for run in self.runs:
+                    self._tick(run, pod, now)
             self._publish()
             if self._phase() in ("Succeeded", "Failed"):
                 self._release_network()
@@ -162,6 +168,16 @@ class PodWorker(threading.Thread):
                 return
             self._wake.wait(0.25)
             self._wake.clear()
+
+    def _initializing(self, pod: Obj, now: float) -> bool:
+        """Advance the init containers; True until all of them have succeeded."""
+        for run in self.inits:
+            if run.done and run.exit_code == 0:
+                continue
+            if not run.done:
+                self._tick(run, pod, now)
+            return True
+        return False
 
     def _idle_until_deleted(self) -> None:
         """A pod that cannot run (or has finished) waits for its deletion and confirms it."""
@@ -177,15 +193,49 @@ class PodWorker(threading.Thread):
     def _ip(self) -> str:
         return self.address.ip if self.address else ""
 
+    def _event(self, reason: str, message: str, kind: str = "Normal") -> None:
+        """Record a core/v1 Event on the pod, as the kubelet does (failures are only logged)."""
+        now = now_iso()
+        node = self.pod["spec"].get("nodeName", "")
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": f"{self.pod_name}.{secrets.token_hex(8)}"},
+            "involvedObject": {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "name": self.pod_name,
+                "namespace": self.namespace,
+                "uid": self.uid,
+            },
+            "reason": reason,
+            "message": message,
+            "type": kind,
+            "source": {"component": "kubelet", "host": node},
+            "reportingComponent": "kubelet",
+            "reportingInstance": node,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        try:
+            self.api.post(f"/api/v1/namespaces/{self.namespace}/events", event)
+        except (ApiError, httpx.HTTPError) as error:
+            log.warning(
+                "Event %s on %s/%s not recorded: %s", reason, self.namespace, self.pod_name, error
+            )
+
     # -- preparing: image, network, credentials, environment
     def _prepare(self) -> bool:
         pod = self.pod
-        containers = pod["spec"]["containers"]
+        inits = pod["spec"].get("initContainers") or []
+        containers = [*inits, *pod["spec"]["containers"]]
         try:
             bases = [images.container_argv(c) for c in containers]
         except images.ImageError as error:
             self._waiting = ("ErrImagePull", str(error))
             log.info("Refused pod %s/%s: %s", self.namespace, self.pod_name, error)
+            self._event("Failed", str(error), "Warning")
             return False
         with self.ctx.network_lock:
             self.address = self.ctx.network.attach()
@@ -198,6 +248,8 @@ class PodWorker(threading.Thread):
                 ]
                 break
             except (EnvError, ApiError) as error:
+                if self._waiting is None:
+                    self._event("Failed", f"Error: {error}", "Warning")
                 self._waiting = ("CreateContainerConfigError", str(error))
                 self._publish()
                 if self._wake.wait(2.0) or self._gone or self._shutdown:
@@ -207,11 +259,18 @@ class PodWorker(threading.Thread):
                 pod = self.pod
         self._waiting = None
         self.ctx.pod_logs.mkdir(parents=True, exist_ok=True)
-        for spec, argv, env in zip(containers, bases, envs, strict=True):
+        for index, (spec, argv, env) in enumerate(zip(containers, bases, envs, strict=True)):
             logfile = self.ctx.pod_logs / f"{self.namespace}_{self.pod_name}_{spec['name']}.log"
-            self.runs.append(
-                ContainerRun(spec=spec, argv=expand_argv(argv, env), env=env, log=logfile)
+            run = ContainerRun(
+                spec=spec,
+                argv=expand_argv(argv, env),
+                env=env,
+                log=logfile,
+                init=index < len(inits),
             )
+            if inits and not run.init:
+                run.state = {"waiting": {"reason": "PodInitializing"}}
+            (self.inits if run.init else self.runs).append(run)
         return True
 
     def _base_env(self, pod: Obj) -> dict[str, str]:
@@ -289,6 +348,7 @@ class PodWorker(threading.Thread):
             if run.spec.get(f"{kind}Probe")
         }
         log.info("Started container %s of %s/%s", run.name, self.namespace, self.pod_name)
+        self._event("Started", f"Started container {run.name}")
 
     def _tick(self, run: ContainerRun, pod: Obj, now: float) -> None:
         if run.proc is None:
@@ -324,6 +384,9 @@ class PodWorker(threading.Thread):
         assert self.address is not None
         ok = run_action(probe.spec, run.spec, self.address, run.env, probe.timeout())
         probe.record(ok, time.monotonic())
+        if not ok:
+            kind = next(k for k, p in run.probes.items() if p is probe).capitalize()
+            self._event("Unhealthy", f"{kind} probe failed for container {run.name}", "Warning")
 
     def _restart_unhealthy(self, run: ContainerRun, kind: str) -> None:
         log.info(
@@ -334,6 +397,8 @@ class PodWorker(threading.Thread):
             kind,
         )
         grace = float(self.pod["spec"].get("terminationGracePeriodSeconds", 30))
+        message = f"Container {run.name} failed {kind} probe, will be restarted"
+        self._event("Killing", message)
         self._stop_runs([run], grace)
 
     def _exited(self, run: ContainerRun, pod: Obj, code: int, now: float) -> None:
@@ -345,13 +410,18 @@ class PodWorker(threading.Thread):
         }
         run.proc, run.ready, run.exit_code = None, False, code
         policy = pod["spec"].get("restartPolicy", "Always")
-        if policy == "Always" or (policy == "OnFailure" and code != 0):
+        if run.init:  # init containers restart only on failure, and never under Never
+            restart = code != 0 and policy != "Never"
+        else:
+            restart = policy == "Always" or (policy == "OnFailure" and code != 0)
+        if restart:
             if now - run.started_mono > 60:
                 run.backoff = 1.0
             run.last_state = {"terminated": terminated}
             message = f"back-off {run.backoff:.0f}s restarting failed container={run.name}"
             run.state = {"waiting": {"reason": "CrashLoopBackOff", "message": message}}
             run.next_start = now + run.backoff
+            self._event("BackOff", message, "Warning")
             run.backoff = min(run.backoff * 2, MAX_BACKOFF)
         else:
             run.state = {"terminated": terminated}
@@ -383,7 +453,7 @@ class PodWorker(threading.Thread):
             run.proc.wait()
 
     def _kill_all(self, grace: float) -> None:
-        self._stop_runs(self.runs, grace)
+        self._stop_runs([*self.inits, *self.runs], grace)
 
     def _terminate(self, pod: Obj) -> None:
         meta = pod["metadata"]
@@ -393,8 +463,12 @@ class PodWorker(threading.Thread):
             else pod["spec"].get("terminationGracePeriodSeconds", 30)
         )
         log.info("Stopping pod %s/%s (grace %.0f s)", self.namespace, self.pod_name, grace)
-        self._stop_runs(self.runs, grace)
-        for run in self.runs:
+        everything = [*self.inits, *self.runs]
+        for run in everything:
+            if run.running:
+                self._event("Killing", f"Stopping container {run.name}")
+        self._stop_runs(everything, grace)
+        for run in everything:
             if run.proc is not None:
                 code = _exit_code(run.proc.returncode)
                 run.state = {
@@ -433,8 +507,14 @@ class PodWorker(threading.Thread):
             self.address = None
 
     # -- status
+    @property
+    def _inits_done(self) -> bool:
+        return all(r.done and r.exit_code == 0 for r in self.inits)
+
     def _phase(self) -> str:
-        if not self.runs:
+        if any(r.done and r.exit_code != 0 for r in self.inits):
+            return "Failed"
+        if not self.runs or not self._inits_done:
             return "Pending"
         if all(r.done for r in self.runs):
             return "Succeeded" if all(r.exit_code == 0 for r in self.runs) else "Failed"
@@ -448,7 +528,7 @@ class PodWorker(threading.Thread):
             self._transitions[kind] = previous
         return {"type": kind, "status": status, "lastTransitionTime": previous[1]}
 
-    def _container_statuses(self) -> list[Obj]:
+    def _container_statuses(self, runs: list[ContainerRun], specs: list[Obj]) -> list[Obj]:
         if self._waiting is not None:
             reason, message = self._waiting
             return [
@@ -462,7 +542,7 @@ class PodWorker(threading.Thread):
                     "state": {"waiting": {"reason": reason, "message": message}},
                     "lastState": {},
                 }
-                for c in self.pod["spec"]["containers"]
+                for c in specs
             ]
         return [
             {
@@ -476,7 +556,7 @@ class PodWorker(threading.Thread):
                 "state": r.state,
                 "lastState": r.last_state,
             }
-            for r in self.runs
+            for r in runs
         ]
 
     def _status(self) -> Obj:
@@ -488,12 +568,18 @@ class PodWorker(threading.Thread):
             "startTime": self._start_time,
             "conditions": [
                 self._condition("PodReadyToStartContainers", self.address is not None),
-                self._condition("Initialized", True),
+                self._condition("Initialized", self._inits_done),
                 self._condition("ContainersReady", ready),
                 self._condition("Ready", ready),
             ],
-            "containerStatuses": self._container_statuses(),
+            "containerStatuses": self._container_statuses(
+                self.runs, self.pod["spec"]["containers"]
+            ),
         }
+        if self.pod["spec"].get("initContainers"):
+            status["initContainerStatuses"] = self._container_statuses(
+                self.inits, self.pod["spec"]["initContainers"]
+            )
         if self._waiting is not None:
             status["message"] = self._waiting[1]
             status["reason"] = self._waiting[0]
