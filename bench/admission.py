@@ -74,6 +74,11 @@ def _ttfts(records: list[RequestRecord]) -> list[float]:
 
 def _burst_summary(result: loadtest.LoadTestResult, slo_s: float) -> dict[str, Any]:
     records = result.records
+    reasons = result.after.get("kvscale:admission_rejections_total", {})
+    by_reason: dict[str, float] = {}
+    for labels, value in reasons.items():
+        reason = dict(labels).get("reason", "?")
+        by_reason[reason] = by_reason.get(reason, 0.0) + value
     ttfts = _ttfts(records)
     refused = [r.e2e_s for r in records if r.refused]
     return {
@@ -85,6 +90,7 @@ def _burst_summary(result: loadtest.LoadTestResult, slo_s: float) -> dict[str, A
         "p99_ttft_s": _p(ttfts, 99),
         "max_ttft_s": max(ttfts) if ttfts else None,
         "p99_refusal_s": _p(refused, 99),
+        "server_rejections_by_reason": {k: v for k, v in sorted(by_reason.items()) if v},
         "slo_attainment_completed": sum(t <= slo_s for t in ttfts) / len(ttfts) if ttfts else None,
         "goodput_req_per_s": sum(t <= slo_s for t in ttfts) / result.duration_s,
         "duration_s": result.duration_s,

@@ -120,7 +120,7 @@ class AdmissionController:
         queue = self._queues[traffic_class.name]
         predicted = self.predicted_wait_s(traffic_class)
         retry = max(1.0, math.ceil(predicted))
-        if len(queue) >= traffic_class.max_queue:
+        if len(queue) >= self._queue_bound(traffic_class):
             return Verdict("reject", "queue_full", retry)
         if predicted > traffic_class.max_queue_wait_s:
             return Verdict("reject", "deadline", retry)
@@ -183,6 +183,16 @@ class AdmissionController:
     def load(self) -> dict[str, tuple[int, int]]:
         """Per class: (queued, in flight)."""
         return {c.name: (len(self._queues[c.name]), self._per_class[c.name]) for c in self.classes}
+
+    def _queue_bound(self, cls: TrafficClass) -> int:
+        """The class's bound; until a service time is known, one batch of slots at most.
+
+        A cold replica cannot predict waits yet, and a long queue admitted blind would time out
+        slowly instead of being refused fast.
+        """
+        if self._service.mean_s is None:
+            return min(cls.max_queue, self._slots(cls))
+        return cls.max_queue
 
     def _slots(self, cls: TrafficClass) -> int:
         limits = [x for x in (self.limit, cls.max_concurrency) if x is not None]

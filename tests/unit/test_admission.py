@@ -44,10 +44,21 @@ def test_release_starts_the_most_important_waiter_first() -> None:
 
 def test_fifo_within_a_class() -> None:
     ac = controller(1)
+    ac.offer(-1, BATCH, 0.0)
+    ac.release(-1, 0.1)  # a measured service time lifts the cold-start queue cap
     ac.offer(0, BATCH, 0.0)
     for t in (1, 2, 3):
-        ac.offer(t, BATCH, float(t))
+        assert ac.offer(t, BATCH, float(t)).outcome == "queue"
     assert [ac.release(t, 10.0 + t)[0] for t in (0, 1, 2)] == [1, 2, 3]
+
+
+def test_a_cold_controller_queues_one_batch_at_most() -> None:
+    ac = controller(3)
+    outcomes = [ac.offer(t, BATCH, 0.0) for t in range(8)]
+    assert [v.outcome for v in outcomes] == ["admit"] * 3 + ["queue"] * 3 + ["reject"] * 2
+    assert outcomes[-1].reason == "queue_full"
+    ac.release(0, 2.0)  # now it can predict: the class bound applies
+    assert ac.offer(8, BATCH, 2.0).outcome == "queue"
 
 
 def test_per_class_concurrency_limit() -> None:
