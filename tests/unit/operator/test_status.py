@@ -80,12 +80,16 @@ def test_operator_problems_and_pod_failures_degrade() -> None:
         "metadata": {"name": "p1"},
         "status": {
             "conditions": [
-                {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
-                 "message": "0/1 nodes are available: 1 Insufficient nvidia.com/gpu."}
+                {
+                    "type": "PodScheduled",
+                    "status": "False",
+                    "reason": "Unschedulable",
+                    "message": "0/1 nodes are available: 1 Insufficient nvidia.com/gpu.",
+                }
             ],
             "containerStatuses": [{"state": {"waiting": {"reason": "CrashLoopBackOff"}}}],
         },
-    }  # fmt: skip
+    }
     problem = status.Problem("ModelSourceNotFound", "PersistentVolumeClaim w does not exist")
     st = compute(1, status.Observed.read(deployment(1, 0, 1), [pod]), problems=[problem])
     degraded = cond(st, "Degraded")
@@ -104,8 +108,13 @@ def test_transition_time_moves_only_on_flip() -> None:
 
 
 def test_conditions_from_other_controllers_are_kept() -> None:
-    other = {"type": "MetricsAvailable", "status": "True", "reason": "R", "message": "",
-             "lastTransitionTime": "t0"}  # fmt: skip
+    other = {
+        "type": "MetricsAvailable",
+        "status": "True",
+        "reason": "R",
+        "message": "",
+        "lastTransitionTime": "t0",
+    }
     merged = merge([other], [Cond("Available", "True", "R", "m")], 1, "t1")
     assert [c["type"] for c in merged] == ["Available", "MetricsAvailable"]
 
