@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,9 @@ from engine_helpers import HFReference
 from kvscale_engine.checkpoint import write_tiny_checkpoint
 from kvscale_engine.config import EngineConfig
 from kvscale_engine.llm_engine import LLMEngine
+
+# bench/gpu_check.sh sets cuda to run this tier on a GPU; HF reference outputs stay on the CPU.
+DEVICE = os.environ.get("KVSCALE_TEST_DEVICE", "cpu")
 
 
 @pytest.fixture(scope="session")
@@ -27,7 +31,13 @@ def hf_llama(llama_dir: Path) -> HFReference:
 @pytest.fixture
 def make_engine(llama_dir: Path) -> Iterator[Callable[..., LLMEngine]]:
     def make(model: str | Path = llama_dir, **overrides: Any) -> LLMEngine:
-        settings: dict[str, Any] = {"max_model_len": 512, "num_kv_blocks": 256, "block_size": 16}
+        settings: dict[str, Any] = {
+            "max_model_len": 512,
+            "num_kv_blocks": 256,
+            "block_size": 16,
+            "device": DEVICE,
+            "dtype": "float32",  # token-exact comparisons need fp32 on every device
+        }
         return LLMEngine(EngineConfig(model=str(model), **(settings | overrides)))
 
     yield make

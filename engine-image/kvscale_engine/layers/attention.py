@@ -5,8 +5,10 @@ offset. A step writes its new K/V at `slot_mapping`, then attends over each sequ
 
 - `reference` (CPU and GPU): decodes batched into one SDPA call over gathered, padded contexts;
   each prefill chunk its own SDPA call (plain causal when the chunk is the whole context).
-- `flex` (CUDA): one FlexAttention call over the packed batch with a block-sparse mask that
-  keeps each query inside its own sequence and causal; compiled once, dynamic shapes.
+- `flex` (CUDA): decodes as above; all prefill chunks in one FlexAttention call over the packed
+  chunks with a block-sparse mask that keeps each query inside its own sequence and causal
+  (compiled, dynamic shapes). Decodes stay on SDPA: a 128-row query tile of 128 different
+  sequences would make a block-sparse mask dense.
 """
 
 from __future__ import annotations
@@ -75,15 +77,16 @@ def build_metadata(
     positions = [torch.arange(s.start, s.end) for s in spans]
     slots = torch.cat([slots_of(t, p, block_size) for t, p in zip(tables, positions, strict=True)])
     meta = AttentionMetadata(slot_mapping=slots.to(device))
-    if flex:
-        meta.flex = _flex_inputs(spans, tables, positions, block_size, window, device)
-        return meta
     decodes = [i for i, s in enumerate(spans) if s.num_tokens == 1]
     meta.num_decodes = len(decodes)
     if decodes:
         _decode_inputs(meta, [spans[i] for i in decodes], block_size, window, device)
-    q_start = len(decodes)
-    for span, table, pos in list(zip(spans, tables, positions, strict=True))[len(decodes) :]:
+    n = len(decodes)
+    if flex and n < len(spans):
+        meta.flex = _flex_inputs(spans[n:], tables[n:], positions[n:], block_size, window, device)
+        return meta
+    q_start = n
+    for span, table, pos in list(zip(spans, tables, positions, strict=True))[n:]:
         meta.prefills.append(_prefill_span(span, table, pos, q_start, block_size, window, device))
         q_start += span.num_tokens
     return meta
@@ -154,8 +157,9 @@ def _flex_inputs(
         return keep if window is None else keep & (k_pos[kv] > q_pos[q] - window)
 
     block_mask = create_block_mask(
-        mask_mod, None, None, len(q_seq), len(kv_seq), device=str(device)
-    )
+        mask_mod, None, None, len(q_seq), len(kv_seq), device=str(device),
+        _compile=device.type == "cuda",  # do not materialise the dense mask on the GPU
+    )  # fmt: skip
     return FlexInputs(_padded(kv_index, 0).to(device), block_mask, num_q)
 
 
@@ -183,11 +187,12 @@ class PagedAttention(torch.nn.Module):
         k_cache, v_cache = kv_cache
         k_cache.index_copy_(0, meta.slot_mapping, k)
         v_cache.index_copy_(0, meta.slot_mapping, v)
-        if meta.flex is not None:
-            return self._flex(q, k_cache, v_cache, meta.flex)
         out = torch.empty_like(q)
         if meta.num_decodes:  # decode
             out[: meta.num_decodes] = self._decode(q[: meta.num_decodes], k_cache, v_cache, meta)
+        if meta.flex is not None:  # prefill, packed
+            out[meta.num_decodes :] = self._flex(q[meta.num_decodes :], k_cache, v_cache, meta.flex)
+            return out
         for span in meta.prefills:  # prefill
             rows = slice(span.q_start, span.q_start + span.q_len)
             if span.kv_index is None:

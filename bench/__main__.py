@@ -1,0 +1,48 @@
+"""`python -m bench [name ...] [--quick]`: run benchmarks, write bench/results/<name>.json."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import time
+from pathlib import Path
+
+import torch
+
+from bench.machine import describe
+
+RESULTS = Path(__file__).parent / "results"
+
+# name -> module with `run(quick: bool) -> dict`; results land in bench/results/<name>.json
+BENCHMARKS = {
+    "engine_throughput": "bench.engine_throughput",
+    "prefix_cache": "bench.prefix_cache",
+    "kv_waste": "bench.kv_waste",
+    "server_overhead": "bench.server_overhead",
+    "admission": "bench.admission",
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    parser.add_argument("names", nargs="*", choices=[[], *BENCHMARKS], default=[])
+    parser.add_argument("--quick", action="store_true", help="tiny sizes, for smoke tests")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    torch.set_num_threads(len(os.sched_getaffinity(0)))
+    args.out.mkdir(parents=True, exist_ok=True)
+    for name in args.names or list(BENCHMARKS):
+        machine = describe()
+        start = time.perf_counter()
+        result = importlib.import_module(BENCHMARKS[name]).run(quick=args.quick)
+        result |= {"benchmark": name, "wall_s": round(time.perf_counter() - start, 1)}
+        result["machine"] = machine
+        path = args.out / f"{name}.json"
+        path.write_text(json.dumps(result, indent=2) + "\n")
+        print(f"{name}: wrote {path} in {result['wall_s']} s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,92 @@
+"""Run a workload through kvscale or HF transformers and time it; shared by the benchmarks."""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bench.workloads import Request
+from kvscale_engine.config import EngineConfig
+from kvscale_engine.llm_engine import LLMEngine
+from kvscale_engine.sampling_params import SamplingParams
+
+
+@dataclass(frozen=True)
+class RunResult:
+    seconds: float
+    cpu_seconds: float  # this process's CPU time: less sensitive to other load on a shared box
+    output_tokens: int
+    steps: int
+    preemptions: int
+    outputs: list[list[int]]
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.output_tokens / self.seconds
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "seconds": round(self.seconds, 3),
+            "cpu_seconds": round(self.cpu_seconds, 3),
+            "load_average_1m_after": round(os.getloadavg()[0], 2),
+            "output_tokens": self.output_tokens,
+            "output_tokens_per_s": round(self.tokens_per_s, 1),
+            "steps": self.steps,
+            "preemptions": self.preemptions,
+        }
+
+
+def run_kvscale(engine: LLMEngine, requests: list[Request]) -> RunResult:
+    """Submit everything at once (an offline batch), step until done."""
+    start, cpu = time.perf_counter(), time.process_time()
+    for i, r in enumerate(requests):
+        params = SamplingParams(temperature=0.0, max_tokens=r.max_tokens, ignore_eos=True)
+        engine.add_request(str(i), r.prompt, params)
+    outputs: dict[str, list[int]] = {}
+    steps = 0
+    while engine.has_unfinished_requests():
+        steps += 1
+        for out in engine.step():
+            if out.finished:
+                outputs[out.request_id] = out.output_token_ids
+    seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
+    ordered = [outputs[str(i)] for i in range(len(requests))]
+    preemptions = engine.stats().num_preemptions
+    return RunResult(seconds, cpu, sum(map(len, ordered)), steps, preemptions, ordered)
+
+
+def make_engine(model: str | Path, **settings: Any) -> LLMEngine:
+    return LLMEngine(EngineConfig(model=str(model), **settings))
+
+
+@torch.inference_mode()
+def run_hf_static(model: Any, requests: list[Request], batch_size: int) -> RunResult:
+    """HF `generate()` on static batches: each batch runs until its longest request is done."""
+    model.generation_config.eos_token_id = None  # EOS ignored, as for kvscale
+    start, cpu = time.perf_counter(), time.process_time()
+    outputs: list[list[int]] = []
+    steps = 0
+    for lo in range(0, len(requests), batch_size):
+        batch = requests[lo : lo + batch_size]
+        longest = max(r.max_tokens for r in batch)
+        ids = torch.tensor([r.prompt for r in batch])  # fixed-length prompts: no padding
+        out = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=longest,
+            do_sample=False,
+            pad_token_id=0,
+        )
+        steps += longest
+        prompt_len = ids.shape[1]
+        outputs += [
+            row[prompt_len : prompt_len + r.max_tokens].tolist()
+            for row, r in zip(out, batch, strict=True)
+        ]
+    seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
+    return RunResult(seconds, cpu, sum(map(len, outputs)), steps, 0, outputs)

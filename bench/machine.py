@@ -1,0 +1,43 @@
+"""A description of the machine a benchmark ran on, stored with every result."""
+
+from __future__ import annotations
+
+import os
+import platform
+import time
+from pathlib import Path
+from typing import Any
+
+
+def describe() -> dict[str, Any]:
+    import torch
+
+    info: dict[str, Any] = {
+        "cpu": _cpu_model(),
+        "cpus_usable": len(os.sched_getaffinity(0)),
+        "torch_threads": torch.get_num_threads(),
+        "memory_gib": round(_mem_total_kib() / 2**20, 1),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "platform": platform.platform(),
+        "load_average_at_start": os.getloadavg(),
+        "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    if torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name(0)
+        info["gpu_memory_gib"] = round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1)
+    return info
+
+
+def _cpu_model() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown"
+
+
+def _mem_total_kib() -> int:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemTotal:"):
+            return int(line.split()[1])
+    return 0

@@ -1,0 +1,59 @@
+"""Request mixes for the benchmarks: the Anyscale shape, shared-prefix chats, a public trace."""
+
+from __future__ import annotations
+
+import csv
+import os
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+TRACES = Path(
+    os.environ.get("KVSCALE_TRACES", Path(__file__).resolve().parents[2] / "shared/data/traces")
+)
+AZURE_CODE = TRACES / "azure-llm-2023" / "AzureLLMInferenceTrace_code.csv"
+
+
+@dataclass(frozen=True)
+class Request:
+    prompt: list[int]
+    max_tokens: int
+
+
+def anyscale(
+    count: int, prompt_len: int, mean_output: float, cap: int, vocab: int, seed: int = 0
+) -> list[Request]:
+    """Fixed-length prompts, output lengths from a capped exponential (the Anyscale blog shape)."""
+    rng = random.Random(seed)
+    return [
+        Request(
+            [rng.randrange(5, vocab) for _ in range(prompt_len)],
+            max(1, min(cap, round(rng.expovariate(1 / mean_output)))),
+        )
+        for _ in range(count)
+    ]
+
+
+def shared_prefix(
+    count: int, prefix_len: int, suffix_len: int, max_tokens: int, vocab: int, seed: int = 0
+) -> list[Request]:
+    """Requests that share one system prompt and differ in a short user turn."""
+    rng = random.Random(seed)
+    system = [rng.randrange(5, vocab) for _ in range(prefix_len)]
+    return [
+        Request(system + [rng.randrange(5, vocab) for _ in range(suffix_len)], max_tokens)
+        for _ in range(count)
+    ]
+
+
+def azure_trace(count: int, max_len: int, seed: int = 0, path: Path = AZURE_CODE) -> list[Request]:
+    """A random sample of (prompt, output) lengths from the Azure 2023 code trace (heavy-tailed)."""
+    with path.open() as f:
+        rows = [(int(r["ContextTokens"]), int(r["GeneratedTokens"])) for r in csv.DictReader(f)]
+    rng = random.Random(seed)
+    sample = rng.sample(rows, count)
+    return [
+        Request([5 + (i % 400) for i in range(min(p, max_len - 1))], max(1, min(o, max_len - p)))
+        for p, o in sample
+        if p < max_len - 1
+    ]
