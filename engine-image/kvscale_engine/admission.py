@@ -60,6 +60,7 @@ class _Waiter:
     ticket: int
     traffic_class: TrafficClass
     arrival: float
+    position: int  # 1 + the requests ahead of it when it arrived
 
 
 @dataclass
@@ -69,8 +70,8 @@ class _Running:
 
 
 @dataclass
-class _ServiceTime:
-    """Exponentially weighted mean of how long an admitted request holds its slot."""
+class _Ewma:
+    """Exponentially weighted mean."""
 
     alpha: float = 0.1
     mean_s: float | None = None
@@ -92,7 +93,10 @@ class AdmissionController:
     _queues: dict[str, deque[_Waiter]] = field(init=False)
     _running: dict[int, _Running] = field(init=False, default_factory=dict)
     _per_class: dict[str, int] = field(init=False)
-    _service: _ServiceTime = field(init=False, default_factory=_ServiceTime)
+    # how long an admitted request holds its slot
+    _service: _Ewma = field(init=False, default_factory=_Ewma)
+    # observed queue wait per position in the queue (what the predictor above actually delivered)
+    _per_position: _Ewma = field(init=False, default_factory=lambda: _Ewma(alpha=0.2))
 
     def __post_init__(self) -> None:
         if not self.classes:
@@ -124,7 +128,7 @@ class AdmissionController:
             return Verdict("reject", "queue_full", retry)
         if predicted > traffic_class.max_queue_wait_s:
             return Verdict("reject", "deadline", retry)
-        queue.append(_Waiter(ticket, traffic_class, now))
+        queue.append(_Waiter(ticket, traffic_class, now, self._ahead(traffic_class) + 1))
         return Verdict("queue")
 
     def release(self, ticket: int, now: float) -> list[int]:
@@ -134,12 +138,18 @@ class AdmissionController:
         self._service.observe(now - running.admitted_at)
         return self.dispatch(now)
 
-    def cancel(self, ticket: int) -> bool:
-        """Remove a ticket still in a queue (timed out, or its client left); False if not queued."""
+    def cancel(self, ticket: int, timed_out_at: float | None = None) -> bool:
+        """Remove a ticket still in a queue; False if not queued.
+
+        A time-out (timed_out_at given) teaches the predictor that waits run longer than it said.
+        """
         for queue in self._queues.values():
             for waiter in queue:
                 if waiter.ticket == ticket:
                     queue.remove(waiter)
+                    if timed_out_at is not None:
+                        elapsed = timed_out_at - waiter.arrival
+                        self._per_position.observe(elapsed / waiter.position)
                     return True
         return False
 
@@ -150,6 +160,7 @@ class AdmissionController:
             queue = self._queues[cls.name]
             while queue and self._can_start(cls):
                 waiter = queue.popleft()
+                self._per_position.observe((now - waiter.arrival) / waiter.position)
                 self._start(waiter.ticket, cls, now)
                 started.append(waiter.ticket)
         return started
@@ -157,17 +168,20 @@ class AdmissionController:
     def predicted_wait_s(self, traffic_class: TrafficClass) -> float:
         """Expected queue wait of a request of this class that arrives now.
 
-        Requests ahead of it are the queued ones of equal or more important classes; slots free up
-        at `limit / mean service time` per second. Unknown before the first request completes.
+        Requests ahead of it are the queued ones of equal or more important classes. Each position
+        costs the larger of: mean service time / slots (slots free at that rate), and the wait
+        per position that queued requests actually saw. Unknown (0) before any request completed.
         """
         mean = self._service.mean_s
         if mean is None:
             return 0.0
-        ahead = sum(
+        per_position = max(mean / self._slots(traffic_class), self._per_position.mean_s or 0.0)
+        return (self._ahead(traffic_class) + 1) * per_position
+
+    def _ahead(self, traffic_class: TrafficClass) -> int:
+        return sum(
             len(self._queues[c.name]) for c in self.classes if c.priority >= traffic_class.priority
         )
-        slots = self._slots(traffic_class)
-        return (ahead + 1) * mean / slots
 
     def start_draining(self) -> None:
         self.draining = True

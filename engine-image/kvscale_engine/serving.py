@@ -262,12 +262,13 @@ class ServerState:
             self._leave_queue(admitted)
             raise
         if not waiter.done():
-            self._leave_queue(admitted)
+            self._leave_queue(admitted, timed_out=True)
             raise self._refuse("timeout", cls, 1.0)
 
-    def _leave_queue(self, admitted: Admitted) -> None:
+    def _leave_queue(self, admitted: Admitted, timed_out: bool = False) -> None:
         self._waiters.pop(admitted.ticket, None)
-        if self.admission.cancel(admitted.ticket):
+        now = time.monotonic() if timed_out else None
+        if self.admission.cancel(admitted.ticket, timed_out_at=now):
             admitted.released = True
             self._active -= 1
             if self._active == 0:

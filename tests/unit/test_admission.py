@@ -174,3 +174,14 @@ def test_duplicate_class_names_are_refused() -> None:
 )
 def test_durations(value: object, seconds: float) -> None:
     assert parse_duration_s(value) == seconds
+
+
+def test_observed_waits_and_time_outs_teach_the_predictor() -> None:
+    ac = controller(1)
+    ac.offer(0, BATCH, 0.0)
+    ac.release(0, 1.0)  # service time 1 s: one position costs 1 s
+    ac.offer(1, BATCH, 1.0)
+    ac.offer(2, BATCH, 1.0)  # queued at position 1
+    assert ac.predicted_wait_s(BATCH) == pytest.approx(2.0)
+    assert ac.cancel(2, timed_out_at=5.0)  # it waited 4 s at position 1 and gave up
+    assert ac.predicted_wait_s(BATCH) == pytest.approx(4.0)  # now it expects 4 s a position
