@@ -8,7 +8,7 @@ from endpoint_helpers import condition, deployment, endpoint, events, get_endpoi
 from kopf.testing import KopfRunner
 
 from kvscale.kube import Kube
-from kvscale_cluster.fixtures import run_operator, wait_for
+from kvscale_cluster.fixtures import kubectl, run_operator, wait_for
 
 
 def test_creates_children_and_reports_status(
@@ -39,16 +39,19 @@ def test_creates_children_and_reports_status(
     assert events(api, namespace, "Created"), "no Created event"
 
 
-def test_kubectl_scale_pins_replicas(api: Kube, namespace: str, operator: KopfRunner) -> None:
+def test_kubectl_scale_pins_replicas(
+    api: Kube, cluster: Any, namespace: str, operator: KopfRunner
+) -> None:
     api.create(endpoint(namespace))
     wait_available(api, namespace, ready=1)
-    path = f"/apis/kvscale.io/v1alpha1/namespaces/{namespace}/llmendpoints/chat/scale"
-    scale = api.request("GET", path)
-    assert scale is not None and scale["status"]["selector"].startswith("kvscale.io/endpoint=")
-    api.request("PATCH", path, {"spec": {"replicas": 2}}, None, "application/merge-patch+json")
+    kubectl(cluster, "-n", namespace, "scale", "llme/chat", "--replicas=2")
     obj = wait_available(api, namespace, ready=2)
     assert obj["spec"]["replicas"] == 2
     assert obj["status"]["desiredReplicas"] == 2
+    path = f"/apis/kvscale.io/v1alpha1/namespaces/{namespace}/llmendpoints/chat/scale"
+    scale = api.request("GET", path)
+    assert scale is not None and scale["status"]["replicas"] == 2
+    assert scale["status"]["selector"] == "kvscale.io/endpoint=chat,kvscale.io/role=engine"
     wait_for(lambda: bool(events(api, namespace, "Scaled")), timeout=20, what="a Scaled event")
 
 
