@@ -83,6 +83,29 @@ def _queued(server: LiveServer, cls: str) -> bool:
     return _sample(server, "kvscale:admission_queue_depth", traffic_class=cls) >= 1
 
 
+def test_queue_wait_past_the_deadline_is_refused(server: LiveServer) -> None:
+    # first in the module: no request has completed yet, so admission cannot predict waits and
+    # queues the request, which then times out (the unit tests cover predicted refusals)
+    holder = _Holder(server)
+    holder.start()
+    wait_for(lambda: _in_flight(server, "batch"), 30, "the long request to be admitted")
+    started = time.monotonic()
+    timed_out = _post(server, SHORT, "impatient")
+    elapsed = time.monotonic() - started
+    assert timed_out.status_code == 429 and timed_out.json()["error"]["code"] == "timeout"
+    assert 0.25 <= elapsed < 5.0
+    holder.release()
+    assert (
+        _sample(
+            server,
+            "kvscale:admission_rejections_total",
+            reason="timeout",
+            traffic_class="impatient",
+        )
+        == 1
+    )
+
+
 def test_full_class_is_refused_fast_and_queued_one_runs_later(server: LiveServer) -> None:
     holder = _Holder(server)
     holder.start()
@@ -110,27 +133,6 @@ def test_full_class_is_refused_fast_and_queued_one_runs_later(server: LiveServer
         server, "kvscale:admission_rejections_total", reason="queue_full", traffic_class="batch"
     )
     assert rejected == 1
-
-
-def test_queue_wait_past_the_deadline_is_refused(server: LiveServer) -> None:
-    holder = _Holder(server)
-    holder.start()
-    wait_for(lambda: _in_flight(server, "batch"), 30, "the long request to be admitted")
-    started = time.monotonic()
-    timed_out = _post(server, SHORT, "impatient")
-    elapsed = time.monotonic() - started
-    assert timed_out.status_code == 429 and timed_out.json()["error"]["code"] == "timeout"
-    assert 0.25 <= elapsed < 5.0
-    holder.release()
-    assert (
-        _sample(
-            server,
-            "kvscale:admission_rejections_total",
-            reason="timeout",
-            traffic_class="impatient",
-        )
-        == 1
-    )
 
 
 def test_missing_or_unknown_class_uses_the_default(server: LiveServer) -> None:
