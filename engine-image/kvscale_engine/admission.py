@@ -199,14 +199,13 @@ class AdmissionController:
         return {c.name: (len(self._queues[c.name]), self._per_class[c.name]) for c in self.classes}
 
     def _queue_bound(self, cls: TrafficClass) -> int:
-        """The class's bound; until a service time is known, one batch of slots at most.
+        """The class's bound; none until a service time is known.
 
-        A cold replica cannot predict waits yet, and a long queue admitted blind would time out
-        slowly instead of being refused fast.
+        A cold replica cannot predict waits yet: a queue admitted blind would time out slowly
+        instead of being refused fast, so until its first request completes it refuses beyond
+        its concurrency limit.
         """
-        if self._service.mean_s is None:
-            return min(cls.max_queue, self._slots(cls))
-        return cls.max_queue
+        return cls.max_queue if self._service.mean_s is not None else 0
 
     def _slots(self, cls: TrafficClass) -> int:
         limits = [x for x in (self.limit, cls.max_concurrency) if x is not None]

@@ -84,8 +84,10 @@ def _queued(server: LiveServer, cls: str) -> bool:
 
 
 def test_queue_wait_past_the_deadline_is_refused(server: LiveServer) -> None:
-    # first in the module: no request has completed yet, so admission cannot predict waits and
-    # queues the request, which then times out (the unit tests cover predicted refusals)
+    # first in the module: a few quick requests teach admission that slots free up fast, so it
+    # queues the impatient request behind the long one, and that request then times out
+    for _ in range(3):
+        assert _post(server, SHORT, "impatient").status_code == 200
     holder = _Holder(server)
     holder.start()
     wait_for(lambda: _in_flight(server, "batch"), 30, "the long request to be admitted")

@@ -54,7 +54,7 @@ async def _storm(api: str, count: int) -> list[str]:
 
 
 def test_random_disconnects_free_every_block(llama_dir: Path, tmp_path: Path) -> None:
-    args = ("--traffic-classes", CLASSES, "--max-concurrency", "128", "--max-num-seqs", "128")
+    args = ("--traffic-classes", CLASSES, "--max-concurrency", "256", "--max-num-seqs", "128")
     with live_server(llama_dir, tmp_path, *args) as server:
         outcomes = asyncio.run(_storm(server.api, 200))
         assert outcomes.count("complete") >= 20

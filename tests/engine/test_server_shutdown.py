@@ -66,7 +66,8 @@ def _assert_all_completed(streams: list[_Stream]) -> None:
 
 
 def test_sigterm_finishes_every_accepted_request(llama_dir: Path, tmp_path: Path) -> None:
-    with live_server(llama_dir, tmp_path, "--drain-timeout", "60") as server:
+    args = ("--drain-timeout", "60", "--max-concurrency", "16")
+    with live_server(llama_dir, tmp_path, *args) as server:
         streams = _start_streams(server, 12)
         server.sigterm()
         wait_for(lambda: _not_ready(server), 30, "readiness to go false")

@@ -17,8 +17,15 @@ INTERACTIVE = TrafficClass("interactive", priority=10, max_queue=2, max_queue_wa
 BATCH = TrafficClass("batch", priority=0, max_queue=10, max_queue_wait_s=60.0)
 
 
-def controller(limit: int | None = 2, *classes: TrafficClass) -> AdmissionController:
-    return AdmissionController(classes or (INTERACTIVE, BATCH), limit)
+def controller(
+    limit: int | None = 2, *classes: TrafficClass, warm: bool = True
+) -> AdmissionController:
+    """A controller that has (by default) seen one request hold a slot for 0.1 s."""
+    ac = AdmissionController(classes or (INTERACTIVE, BATCH), limit)
+    if warm:
+        ac.offer(-1, (classes or (BATCH,))[0], -10.0)
+        ac.release(-1, -9.9)
+    return ac
 
 
 def test_admits_up_to_the_limit_then_queues_then_refuses_a_full_queue() -> None:
@@ -44,21 +51,20 @@ def test_release_starts_the_most_important_waiter_first() -> None:
 
 def test_fifo_within_a_class() -> None:
     ac = controller(1)
-    ac.offer(-1, BATCH, 0.0)
-    ac.release(-1, 0.1)  # a measured service time lifts the cold-start queue cap
     ac.offer(0, BATCH, 0.0)
     for t in (1, 2, 3):
         assert ac.offer(t, BATCH, float(t)).outcome == "queue"
     assert [ac.release(t, 10.0 + t)[0] for t in (0, 1, 2)] == [1, 2, 3]
 
 
-def test_a_cold_controller_queues_one_batch_at_most() -> None:
-    ac = controller(3)
-    outcomes = [ac.offer(t, BATCH, 0.0) for t in range(8)]
-    assert [v.outcome for v in outcomes] == ["admit"] * 3 + ["queue"] * 3 + ["reject"] * 2
+def test_a_cold_controller_queues_nothing_until_it_can_predict() -> None:
+    ac = controller(3, warm=False)
+    outcomes = [ac.offer(t, BATCH, 0.0) for t in range(5)]
+    assert [v.outcome for v in outcomes] == ["admit"] * 3 + ["reject"] * 2
     assert outcomes[-1].reason == "queue_full"
     ac.release(0, 2.0)  # now it can predict: the class bound applies
-    assert ac.offer(8, BATCH, 2.0).outcome == "queue"
+    assert ac.offer(8, BATCH, 2.0).outcome == "admit"
+    assert ac.offer(9, BATCH, 2.0).outcome == "queue"
 
 
 def test_per_class_concurrency_limit() -> None:
@@ -72,7 +78,7 @@ def test_per_class_concurrency_limit() -> None:
 
 
 def test_predicted_wait_past_the_deadline_is_refused_at_once() -> None:
-    ac = controller(1)
+    ac = controller(1, warm=False)
     ac.offer(0, INTERACTIVE, 0.0)
     assert ac.predicted_wait_s(INTERACTIVE) == 0.0  # no service time measured yet
     ac.release(0, 1.5)  # one request held its slot for 1.5 s
@@ -177,7 +183,7 @@ def test_durations(value: object, seconds: float) -> None:
 
 
 def test_observed_waits_and_time_outs_teach_the_predictor() -> None:
-    ac = controller(1)
+    ac = controller(1, warm=False)
     ac.offer(0, BATCH, 0.0)
     ac.release(0, 1.0)  # service time 1 s: one position costs 1 s
     ac.offer(1, BATCH, 1.0)
