@@ -39,7 +39,7 @@ def model_location(spec: api.LLMEndpointSpec) -> str:
     if source.pvc is not None:
         return f"{MODEL_MOUNT}/{source.pvc.sub_path}".rstrip("/")
     assert source.dummy is not None
-    return f"dummy:{source.dummy.architecture}"
+    return f"dummy:{source.dummy.preset}"
 
 
 def _traffic_classes(spec: api.LLMEndpointSpec) -> str:

@@ -107,9 +107,9 @@ MALFORMED: list[tuple[str, dict[str, Any], str]] = [
         "spec.model.source.hostPath.path",
     ),
     (
-        "unknown-dummy-architecture",
-        with_spec(spec__model__source={"dummy": {"architecture": "gpt2"}}),
-        "architecture",
+        "unknown-dummy-preset",
+        with_spec(spec__model__source={"dummy": {"preset": "gpt2"}}),
+        "spec.model.source.dummy.preset",
     ),
     ("tiny-context", with_spec(spec__model__maxModelLen=8), "maxModelLen"),
     ("zero-ttft-slo", with_spec(spec__slo={"ttftP99Seconds": 0}), "ttftP99Seconds"),

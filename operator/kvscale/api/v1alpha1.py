@@ -75,10 +75,10 @@ class PVCSource(_Model):
 
 
 class DummySource(_Model):
-    architecture: Annotated[
-        Literal["llama", "mistral", "qwen2"],
-        Field(description="Architecture of the seeded random weights (benchmarks, demos)."),
-    ] = "llama"
+    preset: Annotated[
+        Literal["llama-tiny", "llama-bench-cpu", "llama-3-8b", "mistral-7b", "qwen2-0.5b"],
+        Field(description="Model shape of the seeded random weights (benchmarks, demos)."),
+    ] = "llama-tiny"
 
 
 class ModelSource(_Model):

@@ -89,9 +89,9 @@ def test_vllm_kind_renders_vllm_flags_and_probes() -> None:
 
 def test_dummy_and_pvc_sources() -> None:
     dummy = LLMEndpointSpec.model_validate(
-        {"model": {"name": "m", "source": {"dummy": {"architecture": "qwen2"}}}}
+        {"model": {"name": "m", "source": {"dummy": {"preset": "qwen2-0.5b"}}}}
     )
-    assert engine_args(dummy)[2] == "dummy:qwen2"
+    assert engine_args(dummy)[2] == "dummy:qwen2-0.5b"
     pvc = LLMEndpointSpec.model_validate(
         {"model": {"name": "m", "source": {"pvc": {"claimName": "w", "subPath": "llama"}}}}
     )
