@@ -88,6 +88,9 @@ class AdmissionController:
     classes: tuple[TrafficClass, ...]
     limit: int | None  # replica-wide concurrency; None: unlimited
     default_class: str = DEFAULT_CLASS_NAME
+    # queue only what is predicted to start within this share of its deadline: predictions are
+    # noisy, and a request that times out in the queue is refused late instead of fast
+    headroom: float = 0.8
     draining: bool = False
     _by_name: dict[str, TrafficClass] = field(init=False)
     _queues: dict[str, deque[_Waiter]] = field(init=False)
@@ -106,6 +109,8 @@ class AdmissionController:
             raise AdmissionConfigError("traffic class names must be unique")
         if self.default_class not in self._by_name:
             self.default_class = self.classes[0].name
+        if not 0.0 < self.headroom <= 1.0:
+            raise AdmissionConfigError(f"headroom must be in (0, 1], got {self.headroom}")
         if self.limit is not None and self.limit < 1:
             raise AdmissionConfigError(f"concurrency limit must be >= 1, got {self.limit}")
         self._queues = {c.name: deque() for c in self.classes}
@@ -126,7 +131,7 @@ class AdmissionController:
         retry = max(1.0, math.ceil(predicted))
         if len(queue) >= self._queue_bound(traffic_class):
             return Verdict("reject", "queue_full", retry)
-        if predicted > traffic_class.max_queue_wait_s:
+        if predicted > self.headroom * traffic_class.max_queue_wait_s:
             return Verdict("reject", "deadline", retry)
         queue.append(_Waiter(ticket, traffic_class, now, self._ahead(traffic_class) + 1))
         return Verdict("queue")

@@ -83,9 +83,9 @@ def test_predicted_wait_past_the_deadline_is_refused_at_once() -> None:
     assert ac.predicted_wait_s(INTERACTIVE) == 0.0  # no service time measured yet
     ac.release(0, 1.5)  # one request held its slot for 1.5 s
     ac.offer(1, INTERACTIVE, 2.0)
-    assert ac.offer(2, INTERACTIVE, 2.0).outcome == "queue"  # 1 ahead: ~1.5 s < 2 s
+    assert ac.offer(2, INTERACTIVE, 2.0).outcome == "queue"  # 1.5 s < 80% of 2 s
     assert ac.predicted_wait_s(INTERACTIVE) == pytest.approx(3.0)
-    verdict = ac.offer(3, INTERACTIVE, 2.0)  # 2 ahead: ~3 s > 2 s
+    verdict = ac.offer(3, INTERACTIVE, 2.0)  # 3 s > 80% of 2 s
     assert (verdict.outcome, verdict.reason) == ("reject", "deadline")
     assert verdict.retry_after_s == 3.0
 
