@@ -90,7 +90,8 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
     return EngineConfig(model=args.model, **fields)
 
 
-def serve(args: argparse.Namespace) -> None:
+def build_server(args: argparse.Namespace) -> DrainingServer:
+    """The uvicorn server for `serve`; configuration errors surface here, before anything runs."""
     # imported here so that `tiny-checkpoint` and `--help` do not pay for torch
     from kvscale_engine.llm_engine import LLMEngine
     from kvscale_engine.server import create_app
@@ -118,7 +119,7 @@ def serve(args: argparse.Namespace) -> None:
         access_log=False,
         timeout_graceful_shutdown=max(1, int(args.drain_timeout) + 5),
     )
-    DrainingServer(config, app.state, args.drain_timeout).run()
+    return DrainingServer(config, app.state, args.drain_timeout)
 
 
 class DrainingServer(uvicorn.Server):
@@ -168,14 +169,15 @@ def main(argv: Sequence[str] | None = None) -> None:
         level=getattr(args, "log_level", "info").upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if args.command == "tiny-checkpoint":
+        tiny_checkpoint(args)
+        return
     try:
-        if args.command == "serve":
-            serve(args)
-        else:
-            tiny_checkpoint(args)
-    except (ConfigError, AdmissionConfigError, ValueError) as exc:
+        server = build_server(args)
+    except (ConfigError, AdmissionConfigError) as exc:
         print(f"kvscale-engine: error: {exc}", file=sys.stderr)
         raise SystemExit(2) from exc
+    server.run()
 
 
 if __name__ == "__main__":

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
+import pytest
 from fastapi.testclient import TestClient
 from server_fixtures import MODEL, wait_for
 
@@ -53,3 +56,17 @@ def test_a_failed_load_reports_unhealthy(tmp_path: Path) -> None:
         assert client.get("/ready").status_code == 503
         refused = client.post("/v1/completions", json={"model": MODEL, "prompt": "hi"})
         assert refused.status_code == 503 and refused.json()["error"]["code"] == "engine_failed"
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--traffic-classes", '[{"name": "a", "colour": "red"}]'], "unknown traffic class field"),
+        (["--block-size", "3"], "block_size must be a power of two"),
+        (["--max-concurrency", "0"], "max concurrency must be >= 1"),
+    ],
+)
+def test_bad_flags_exit_with_a_message(llama_dir: Path, flags: list[str], message: str) -> None:
+    cmd = [sys.executable, "-m", "kvscale_engine.cli", "serve", "--model", str(llama_dir), *flags]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 2 and message in done.stderr
