@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +23,7 @@ class RunResult:
     seconds: float
     cpu_seconds: float  # this process's CPU time: less sensitive to other load on a shared box
     output_tokens: int
+    processed_tokens: int  # token positions run through the model, wasted ones included
     steps: int
     preemptions: int
     outputs: list[list[int]]
@@ -36,6 +39,7 @@ class RunResult:
             "load_average_1m_after": round(os.getloadavg()[0], 2),
             "output_tokens": self.output_tokens,
             "output_tokens_per_s": round(self.tokens_per_s, 1),
+            "processed_tokens": self.processed_tokens,
             "steps": self.steps,
             "preemptions": self.preemptions,
         }
@@ -56,8 +60,27 @@ def run_kvscale(engine: LLMEngine, requests: list[Request]) -> RunResult:
                 outputs[out.request_id] = out.output_token_ids
     seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
     ordered = [outputs[str(i)] for i in range(len(requests))]
-    preemptions = engine.stats().num_preemptions
-    return RunResult(seconds, cpu, sum(map(len, ordered)), steps, preemptions, ordered)
+    stats = engine.stats()
+    return RunResult(
+        seconds,
+        cpu,
+        sum(map(len, ordered)),
+        stats.computed_tokens,
+        steps,
+        stats.num_preemptions,
+        ordered,
+    )
+
+
+@contextmanager
+def one_thread() -> Iterator[None]:
+    """Torch on one thread: other jobs on a shared box then barely move this process's CPU time."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
 
 
 def make_engine(model: str | Path, **settings: Any) -> LLMEngine:
@@ -70,7 +93,7 @@ def run_hf_static(model: Any, requests: list[Request], batch_size: int) -> RunRe
     model.generation_config.eos_token_id = None  # EOS ignored, as for kvscale
     start, cpu = time.perf_counter(), time.process_time()
     outputs: list[list[int]] = []
-    steps = 0
+    steps = processed = 0
     for lo in range(0, len(requests), batch_size):
         batch = requests[lo : lo + batch_size]
         longest = max(r.max_tokens for r in batch)
@@ -83,10 +106,11 @@ def run_hf_static(model: Any, requests: list[Request], batch_size: int) -> RunRe
             pad_token_id=0,
         )
         steps += longest
+        processed += len(batch) * (len(batch[0].prompt) + longest)
         prompt_len = ids.shape[1]
         outputs += [
             row[prompt_len : prompt_len + r.max_tokens].tolist()
             for row, r in zip(out, batch, strict=True)
         ]
     seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
-    return RunResult(seconds, cpu, sum(map(len, outputs)), steps, 0, outputs)
+    return RunResult(seconds, cpu, sum(map(len, outputs)), processed, steps, 0, outputs)

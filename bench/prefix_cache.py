@@ -13,7 +13,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from bench.harness import make_engine
+from bench.harness import make_engine, one_thread
 from bench.workloads import Request, shared_prefix
 from kvscale_engine.checkpoint import write_tiny_checkpoint
 from kvscale_engine.llm_engine import LLMEngine
@@ -35,7 +35,11 @@ QUICK = Setup("llama-tiny", 3, 100, 8, 4)
 
 
 def run(quick: bool = False) -> dict[str, Any]:
-    p = QUICK if quick else FULL
+    with one_thread():
+        return _run(QUICK if quick else FULL)
+
+
+def _run(p: Setup) -> dict[str, Any]:
     shape = {k: v for k, v in NAMED_ARCHS[p.arch].items() if k != "model_type"}
     requests = shared_prefix(
         p.requests, p.prefix_len, p.suffix_len, p.max_tokens, shape["vocab_size"]

@@ -88,6 +88,7 @@ class LLMEngine:
             prefix_cache_hits=bm.prefix_cache_hits,
             prompt_tokens=self.prompt_tokens,
             generation_tokens=self.scheduler.generation_tokens,
+            computed_tokens=self.scheduler.computed_tokens,
             block_size=bm.block_size,
             kv_allocated_slots=sum(len(s.block_table) for s in running) * bm.block_size,
             kv_used_slots=sum(s.num_computed_tokens for s in running),

@@ -32,6 +32,7 @@ class EngineStats:
     prefix_cache_hits: int
     prompt_tokens: int
     generation_tokens: int
+    computed_tokens: int  # token positions run through the model, recomputation included
     block_size: int
     kv_allocated_slots: int
     kv_used_slots: int

@@ -63,6 +63,7 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.num_preemptions = 0
         self.generation_tokens = 0
+        self.computed_tokens = 0
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -77,6 +78,7 @@ class Scheduler:
             self._admit_waiting(batch, budget)
         for seq in self.waiting:
             seq.waiting_steps += 1
+        self.computed_tokens += batch.num_tokens
         return batch
 
     def postprocess(
