@@ -103,6 +103,9 @@ def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]
     """
     from kubernetes import client
 
+    dead = sorted(name for name, up in cluster.alive().items() if not up)
+    if dead:
+        pytest.fail(f"Cluster components died: {', '.join(dead)}\n{cluster.logs()}")
     api = cluster.api_client()
     core = client.CoreV1Api(api)
     name = _namespace_name(request.node.name)

@@ -11,18 +11,22 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+from collections.abc import Mapping
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 VENV_BIN = Path(sys.executable).parent
 
-# repository -> entry point (the image's ENTRYPOINT); a str is a console script in VENV_BIN
-ENTRYPOINTS: dict[str, list[str]] = {
-    "kvscale/engine": ["kvscale-engine"],
-    "kvscale/router": ["kvscale-router"],
-    "kvscale/operator": ["kvscale"],
-    "kvscale/testserver": [sys.executable, "-m", "kvscale_cluster.testserver"],
-}
+# repository -> entry point (the image's ENTRYPOINT); a bare name is a console script in VENV_BIN
+ENTRYPOINTS: Mapping[str, tuple[str, ...]] = MappingProxyType(
+    {
+        "kvscale/engine": ("kvscale-engine",),
+        "kvscale/router": ("kvscale-router",),
+        "kvscale/operator": ("kvscale",),
+        "kvscale/testserver": (sys.executable, "-m", "kvscale_cluster.testserver"),
+    }
+)
 
 
 class ImageError(RuntimeError):

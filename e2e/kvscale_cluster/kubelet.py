@@ -41,6 +41,7 @@ class Kubelet:
         self.nodes = nodes
         self.ctx = ctx
         self.workers: dict[str, PodWorker] = {}
+        self.finished: set[str] = set()  # pods whose worker ended (deletion confirmed)
         self.started = now_iso()
         self.node_uids: dict[str, str] = {}
         self.stopping = threading.Event()
@@ -99,7 +100,10 @@ class Kubelet:
     def sync(self) -> None:
         """One level-triggered pass: start workers for new pods, feed the rest their latest."""
         pods = self._bound_pods()
+        self.finished &= set(pods)
         for uid, pod in pods.items():
+            if uid in self.finished:
+                continue
             worker = self.workers.get(uid)
             if worker is None:
                 worker = PodWorker(self.ctx, pod)
@@ -112,6 +116,7 @@ class Kubelet:
                 worker.vanish()
             if not worker.is_alive():
                 del self.workers[uid]
+                self.finished.add(uid)
 
     def run(self) -> None:
         self.register()

@@ -247,7 +247,7 @@ class PodWorker(threading.Thread):
                     for c in containers
                 ]
                 break
-            except (EnvError, ApiError) as error:
+            except (EnvError, ApiError, httpx.HTTPError) as error:
                 if self._waiting is None:
                     self._event("Failed", f"Error: {error}", "Warning")
                 self._waiting = ("CreateContainerConfigError", str(error))
@@ -487,6 +487,16 @@ class PodWorker(threading.Thread):
         self._confirm_deletion()
 
     def _confirm_deletion(self) -> None:
+        """Delete the pod for good (grace 0, UID precondition), retrying while the API is busy."""
+        while not self._gone:
+            try:
+                self._delete_now()
+                return
+            except httpx.HTTPError as error:
+                log.warning("Deletion of %s/%s failed: %r", self.namespace, self.pod_name, error)
+                self._wake.wait(1.0)
+
+    def _delete_now(self) -> None:
         body = {
             "apiVersion": "v1",
             "kind": "DeleteOptions",
@@ -602,5 +612,8 @@ class PodWorker(threading.Thread):
                 self._gone = True
                 return
             log.warning("Status of %s/%s not written: %s", self.namespace, self.pod_name, error)
+            return
+        except httpx.HTTPError as error:  # the API server is busy or restarting: next tick
+            log.warning("Status of %s/%s not written: %r", self.namespace, self.pod_name, error)
             return
         self._sent = status
