@@ -76,7 +76,7 @@ def reconcile_endpoint(
         raise kopf.PermanentError(outcome.invalid)
 
 
-@kopf.timer(api.GROUP, api.PLURAL, interval=RECONCILE_INTERVAL, idle=None)
+@kopf.timer(api.GROUP, api.PLURAL, interval=RECONCILE_INTERVAL, initial_delay=RECONCILE_INTERVAL)
 def reconcile_periodically(
     body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, logger: kopf.Logger, **_: Any
 ) -> None:
