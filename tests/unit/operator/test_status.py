@@ -134,3 +134,21 @@ def test_replica_events() -> None:
     restored = replica_event(5, 1, 1)
     assert restored is not None and restored.reason == "ReplicasRestored"
     assert restored.type == "Warning"
+
+
+def test_a_spec_the_operator_cannot_use_degrades_without_api_calls() -> None:
+    from kvscale.kube import Kube
+    from kvscale.reconcile import reconcile
+
+    body = {
+        "metadata": {"name": "x", "namespace": "n", "uid": "u", "generation": 3},
+        "spec": {"model": {"name": "m", "source": {}}, "scaling": {"minReplicas": 5}},
+    }
+    outcome = reconcile(Kube(api_client=None), body)  # type: ignore[arg-type]
+    assert outcome.invalid is not None
+    assert "exactly one of hostPath, pvc or dummy" in outcome.invalid
+    assert "minReplicas must not exceed" in outcome.invalid
+    degraded = find(outcome.status["conditions"], "Degraded")
+    assert degraded is not None and degraded["reason"] == "InvalidSpec"
+    assert outcome.status["observedGeneration"] == 3
+    assert [e.reason for e in outcome.events] == ["InvalidSpec"]
