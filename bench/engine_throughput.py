@@ -42,7 +42,7 @@ class Setup:
     max_num_seqs: int
 
 
-FULL = Setup("llama-bench-cpu", 512, 32, 32, 128, (16, 32, 64), 64, 128)
+FULL = Setup("llama-bench-cpu", 512, 32, 32, 128, (16, 32, 64, 128), 128, 128)
 QUICK = Setup("llama-tiny", 24, 16, 8, 32, (4, 12), 12, 12)
 ENGINE = {"max_model_len": 512, "num_kv_blocks": 4096, "max_num_batched_tokens": 2048}
 
