@@ -28,7 +28,7 @@ from kvscale_engine.model_config import NAMED_ARCHS
 
 FULL: dict[str, Any] = {
     "arch": "llama-bench-cpu", "requests": 64, "prompt_len": 64, "mean_output": 48, "cap": 128,
-    "max_num_seqs": 64, "repeats": 3,
+    "max_num_seqs": 64, "repeats": 5,
 }  # fmt: skip
 QUICK: dict[str, Any] = {
     "arch": "llama-tiny", "requests": 8, "prompt_len": 16, "mean_output": 8, "cap": 16,
@@ -76,8 +76,12 @@ async def _unstreamed(url: str, requests: list[Request]) -> dict[str, Any]:
 def run(quick: bool = False) -> dict[str, Any]:
     p = QUICK if quick else FULL
     shape = {k: v for k, v in NAMED_ARCHS[str(p["arch"])].items() if k != "model_type"}
-    requests = anyscale(p["requests"], p["prompt_len"], p["mean_output"], p["cap"],
-                        shape["vocab_size"])  # fmt: skip
+
+    def workload(seed: int) -> list[Request]:
+        # fresh prompts for every run: no run hits the prefix cache warmed by another
+        return anyscale(p["requests"], p["prompt_len"], p["mean_output"], p["cap"],
+                        shape["vocab_size"], seed=seed)  # fmt: skip
+
     settings = {**ENGINE, "max_num_seqs": p["max_num_seqs"]}
     offline: list[float] = []
     streamed: list[dict[str, Any]] = []
@@ -85,20 +89,26 @@ def run(quick: bool = False) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         path = write_tiny_checkpoint(Path(tmp), seed=0, **shape)
         engine = make_engine(path, **settings)
-        run_kvscale(engine, requests)  # warm-up (the server warms up at start and in round 1)
+        for seed in (997, 999):  # warm-up
+            run_kvscale(engine, workload(seed))
         flags = [f"--{k.replace('_', '-')}={v}" for k, v in settings.items()]
         with engine_server(path, *flags, f"--max-concurrency={p['max_num_seqs']}") as url:
             # interleaved, so that load from elsewhere on the machine hits both sides alike
-            for _ in range(int(p["repeats"])):
-                offline.append(run_kvscale(engine, requests).tokens_per_s)
-                streamed.append(asyncio.run(_streamed(url, requests)))
-                unstreamed.append(asyncio.run(_unstreamed(url, requests)))
-    base = statistics.median(offline)
-    stream_tps = statistics.median(r["output_tokens_per_s"] for r in streamed)
-    plain_tps = statistics.median(r["output_tokens_per_s"] for r in unstreamed)
+            asyncio.run(_streamed(url, workload(996)))  # warm-up, server and client
+            asyncio.run(_unstreamed(url, workload(998)))
+            for round_ in range(int(p["repeats"])):
+                # each HTTP run right after the offline run of the same prompts
+                a, b = workload(2 * round_), workload(2 * round_ + 1)
+                offline.append(run_kvscale(engine, a).tokens_per_s)
+                streamed.append(asyncio.run(_streamed(url, a)) | {"offline": offline[-1]})
+                offline.append(run_kvscale(engine, b).tokens_per_s)
+                unstreamed.append(asyncio.run(_unstreamed(url, b)) | {"offline": offline[-1]})
+    stream_ratio = statistics.median(r["output_tokens_per_s"] / r["offline"] for r in streamed)
+    plain_ratio = statistics.median(r["output_tokens_per_s"] / r["offline"] for r in unstreamed)
+    requests = workload(0)
     return {
-        "http_vs_offline": round(stream_tps / base, 3),
-        "http_unstreamed_vs_offline": round(plain_tps / base, 3),
+        "http_vs_offline": round(stream_ratio, 3),
+        "http_unstreamed_vs_offline": round(plain_ratio, 3),
         "target": "http_vs_offline >= 0.9 (streaming, usage on, one SSE event per token)",
         "offline_output_tokens_per_s": [round(x, 1) for x in offline],
         "http_stream_output_tokens_per_s": [round(r["output_tokens_per_s"], 1) for r in streamed],
@@ -108,6 +118,7 @@ def run(quick: bool = False) -> dict[str, Any]:
         "workload": {k: v for k, v in p.items() if k != "repeats"}
         | {"output_tokens": sum(r.max_tokens for r in requests), "arrivals": "all at once"},
         "engine": settings,
-        "notes": "medians of interleaved runs (offline, streamed, unstreamed); the load-test "
-        "client and the server share the machine's CPUs",
+        "notes": "each round: workload A offline then streamed over HTTP, workload B offline "
+        "then unstreamed; fresh prompts every run (no cross-run prefix hits); ratios per pair, "
+        "medians over rounds; the load-test client and the server share the machine's CPUs",
     }
