@@ -1,8 +1,9 @@
 """Incremental detokenisation and stop decisions for one sequence at a time.
 
-Text is re-decoded from the output ids each step (cheap at these lengths and immune to BPE merge
-artefacts). What is emitted holds back a trailing partial UTF-8 character and any suffix that could
-still grow into a stop string, so streamed text never contains a stop string.
+Each step decodes only a short window of tokens (the previous window for context, as vLLM does,
+so tokenizers that strip a leading space still join words correctly), so a step costs the same at
+token 10 and token 10,000. What is emitted holds back a trailing partial UTF-8 character and any
+suffix that could still grow into a stop string, so streamed text never contains a stop string.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ class Detokenizer:
         """Update `seq.text` after a new token; return why the sequence stops, if it does."""
         params = seq.params
         token = seq.last_token_id
-        seq.text = self.decoder.decode(seq.output_token_ids)
+        self._decode_new_token(seq)
         if params.stop and self._truncate_at_stop(seq):
             return "stop"
         if token == self.eos_token_id and not params.ignore_eos:
@@ -46,6 +47,17 @@ class Detokenizer:
         delta = seq.text[seq.num_emitted_chars : end]
         seq.num_emitted_chars = max(end, seq.num_emitted_chars)
         return delta
+
+    def _decode_new_token(self, seq: Sequence) -> None:
+        ids = seq.output_token_ids
+        prefix = self.decoder.decode(ids[seq.prefix_offset : seq.read_offset])
+        new = self.decoder.decode(ids[seq.prefix_offset :])[len(prefix) :]
+        if new.endswith(REPLACEMENT_CHAR):  # a partial character: keep the window open
+            seq.text = seq.stable_text + new
+            return
+        seq.stable_text += new
+        seq.text = seq.stable_text
+        seq.prefix_offset, seq.read_offset = seq.read_offset, len(ids)
 
     def _truncate_at_stop(self, seq: Sequence) -> bool:
         start = max(seq.num_emitted_chars - seq.params.max_stop_len, 0)

@@ -45,8 +45,12 @@ class Sequence:
         self.first_scheduled_time: float | None = None
         self.waiting_steps = 0
         self.finish_reason: FinishReason | None = None
-        # detokenizer state
+        # detokenizer state: text decoded so far (a pending partial character included), the
+        # part of it that is final, and the token window the next decode starts from
         self.text = ""
+        self.stable_text = ""
+        self.prefix_offset = 0
+        self.read_offset = 0
         self.num_emitted_chars = 0
 
     def __len__(self) -> int:

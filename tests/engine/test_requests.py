@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from engine_helpers import GREEDY, random_prompts, run_to_completion
 
+from kvscale_engine.checkpoint import EOS, build_tokenizer
 from kvscale_engine.config import EngineConfig
+from kvscale_engine.detokenizer import Detokenizer
 from kvscale_engine.llm import LLM
 from kvscale_engine.llm_engine import LLMEngine, RequestError
 from kvscale_engine.sampling_params import SamplingParams
+from kvscale_engine.sequence import Sequence
+from kvscale_engine.tokenizer import Tokenizer
 
 MakeEngine = Callable[..., LLMEngine]
 PROMPT = random_prompts(1, (12, 12), seed=20)[0]
@@ -141,3 +146,18 @@ def test_kv_pool_is_sized_from_the_memory_budget(llama_dir: Path) -> None:
     budget = engine.model_runner.budget
     assert budget is not None and budget.weight_bytes > 0 and budget.activation_bytes > 0
     assert engine.block_manager.num_total_blocks == 4 * config.max_blocks_per_seq  # capped
+
+
+def test_incremental_text_equals_a_full_decode() -> None:
+    """Windowed decoding matches decoding everything, split characters and specials included."""
+    backend = build_tokenizer()
+    tokenizer = Tokenizer(backend, backend.token_to_id(EOS))
+    detokenizer = Detokenizer(tokenizer, None, max_model_len=10**6)
+    rng = random.Random(0)
+    for _ in range(200):
+        ids = [rng.randrange(backend.get_vocab_size()) for _ in range(rng.randint(1, 60))]
+        seq = Sequence("r", [5], SamplingParams(max_tokens=10**6))
+        for token in ids:
+            seq.append_token(token)
+            detokenizer(seq)
+        assert seq.text == tokenizer.decode(ids)
