@@ -15,6 +15,7 @@ from engine_helpers import (
 )
 
 from kvscale_engine.llm_engine import LLMEngine
+from kvscale_engine.sampling_params import SamplingParams
 
 MakeEngine = Callable[..., LLMEngine]
 
@@ -86,3 +87,34 @@ def test_flex_attention_path_matches(make_engine: MakeEngine, hf_llama: HFRefere
     prompts = random_prompts(4, (10, 40), seed=7)
     finals = run_to_completion(make_engine(attention_backend="flex"), prompts)
     assert_matches_hf(hf_llama, prompts, finals, GREEDY.max_tokens)
+
+
+def test_everything_at_once_still_matches_hf(
+    make_engine: MakeEngine, hf_llama: HFReference
+) -> None:
+    """Shared prefixes, a tiny pool, a tiny token budget and priorities in one run."""
+    shared = random_prompts(1, (40, 40), seed=11)[0]
+    prompts = [
+        shared[: 16 * (i % 3)] + tail for i, tail in enumerate(random_prompts(16, (5, 50), seed=12))
+    ]
+    engine = make_engine(num_kv_blocks=14, max_num_batched_tokens=24, max_num_seqs=6)
+    for index, prompt in enumerate(prompts):
+        engine.add_request(str(index), prompt, GREEDY, priority=index % 3)
+    finals = {}
+    while engine.has_unfinished_requests():
+        finals |= {o.request_id: o for o in engine.step() if o.finished}
+    stats = engine.stats()
+    assert stats.num_preemptions > 0 and stats.prefix_cache_hits > 0
+    assert_matches_hf(hf_llama, prompts, finals, GREEDY.max_tokens)
+
+
+def test_seeded_sampling_survives_preemption(make_engine: MakeEngine) -> None:
+    prompts = random_prompts(8, (30, 60), seed=13)
+    params = SamplingParams(temperature=0.9, top_p=0.95, max_tokens=24, seed=3)
+    roomy = run_to_completion(make_engine(), prompts, params)
+    cramped_engine = make_engine(num_kv_blocks=12)
+    cramped = run_to_completion(cramped_engine, prompts, params)
+    assert cramped_engine.stats().num_preemptions > 0
+    assert {k: v.output_token_ids for k, v in roomy.items()} == {
+        k: v.output_token_ids for k, v in cramped.items()
+    }
