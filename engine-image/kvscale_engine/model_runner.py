@@ -1,17 +1,18 @@
 """The only part of the engine that touches the device: KV cache, forward pass, sampling.
 
-At start it loads the model, sizes the KV pool from the memory budget (measuring the activation
-peak of a profiling pass on CUDA) and allocates one flat K and V tensor per layer.
+At start it loads the model, sizes the KV pool from the memory budget (device memory, weights, and
+the activation peak measured over a profiling pass) and allocates one flat K and V tensor per
+layer.
 """
 
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import torch
 
 from kvscale_engine.config import EngineConfig
+from kvscale_engine.device_memory import measure_peak, total_bytes
 from kvscale_engine.layers.attention import SeqSpan, build_metadata
 from kvscale_engine.layers.sampler import SampleRequest, sample
 from kvscale_engine.loader import load_model
@@ -98,24 +99,20 @@ class ModelRunner:
         dtype_bytes = torch.empty(0, dtype=self.dtype).element_size()
         block_bytes = kv_block_bytes(self.model_cfg, self.config.block_size, dtype_bytes)
         weights = sum(p.numel() * p.element_size() for p in self.model.parameters())
-        if self.device.type == "cuda":
-            total = torch.cuda.mem_get_info(self.device)[1]
-            activation = self._profile_activation_peak(block_bytes)
-        else:
-            total = _available_host_memory() + weights
-            tokens = min(self.config.max_num_batched_tokens, self.config.max_model_len)
+        total = total_bytes(self.device)
+        if self.device.type == "cpu":
+            total += weights  # MemAvailable was read after the weights were loaded
+        tokens = min(self.config.max_num_batched_tokens, self.config.max_model_len)
+        activation = self._profile_activation_peak(tokens)
+        if activation is None:
             activation = estimated_activation_bytes(self.model_cfg, tokens, dtype_bytes)
         return MemoryBudget(total, self.config.memory_fraction, weights, activation, block_bytes)
 
     @torch.inference_mode()
-    def _profile_activation_peak(self, block_bytes: int) -> int:
+    def _profile_activation_peak(self, tokens: int) -> int | None:
         """Run one prefill of the largest step the scheduler can build; measure the peak."""
-        tokens = min(self.config.max_num_batched_tokens, self.config.max_model_len)
         blocks = math.ceil(tokens / self.config.block_size)
         caches = self._allocate_kv(blocks)
-        torch.cuda.synchronize(self.device)
-        torch.cuda.reset_peak_memory_stats(self.device)
-        base = torch.cuda.memory_allocated(self.device)
         meta = build_metadata(
             [SeqSpan(0, tokens, list(range(blocks)))],
             self.config.block_size,
@@ -124,13 +121,15 @@ class ModelRunner:
             self.use_flex,
         )
         ids = torch.zeros(tokens, dtype=torch.long, device=self.device)
-        hidden = self.model(ids, torch.arange(tokens, device=self.device), caches, meta)
-        self.model.compute_logits(hidden[-256:]).float()
-        torch.cuda.synchronize(self.device)
-        peak = torch.cuda.max_memory_allocated(self.device) - base
-        del caches, hidden
-        torch.cuda.empty_cache()
-        return int(peak)
+        positions = torch.arange(tokens, device=self.device)
+        with measure_peak(self.device) as peak:
+            hidden = self.model(ids, positions, caches, meta)
+            self.model.compute_logits(hidden[-256:]).float()
+            del hidden
+        del caches
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        return peak.bytes
 
     def _install_flex(self) -> None:
         from torch.nn.attention.flex_attention import flex_attention
@@ -163,10 +162,3 @@ def _use_flex(config: EngineConfig, device: torch.device) -> bool:
     if config.attention_backend == "auto":
         return device.type == "cuda"
     return config.attention_backend == "flex"
-
-
-def _available_host_memory() -> int:
-    for line in Path("/proc/meminfo").read_text().splitlines():
-        if line.startswith("MemAvailable:"):
-            return int(line.split()[1]) * 1024
-    raise RuntimeError("cannot read MemAvailable from /proc/meminfo")

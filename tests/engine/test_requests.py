@@ -7,11 +7,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import torch
 from engine_helpers import GREEDY, random_prompts, run_to_completion
 
 from kvscale_engine.checkpoint import EOS, build_tokenizer
 from kvscale_engine.config import EngineConfig
 from kvscale_engine.detokenizer import Detokenizer
+from kvscale_engine.device_memory import measure_peak
 from kvscale_engine.llm import LLM
 from kvscale_engine.llm_engine import LLMEngine, RequestError
 from kvscale_engine.sampling_params import SamplingParams
@@ -161,3 +163,10 @@ def test_incremental_text_equals_a_full_decode() -> None:
             seq.append_token(token)
             detokenizer(seq)
         assert seq.text == tokenizer.decode(ids)
+
+
+def test_activation_peak_is_measured_on_the_cpu() -> None:
+    with measure_peak(torch.device("cpu")) as peak:
+        block = torch.ones(16 * 2**20)  # 64 MiB, touched
+        del block
+    assert peak.bytes is not None and peak.bytes >= 60 * 2**20
