@@ -13,8 +13,8 @@ from pathlib import Path
 from .__main__ import up
 from .cluster import Cluster
 from .config import default_cluster_dir
+from .install import ROOT, install_kvscale
 
-ROOT = Path(__file__).resolve().parents[2]
 SAMPLE = ROOT / "manifests" / "samples" / "tiny-dummy.yaml"
 NAMESPACE = "demo"
 
@@ -33,29 +33,57 @@ def kubectl(cluster: Cluster, *args: str, show: bool = True, stdin: str | None =
     return done.stdout
 
 
+def _serve(cluster: Cluster) -> None:
+    """A completion through the official client, then a short load test, on a replica."""
+    import openai
+
+    ip = kubectl(
+        cluster,
+        "-n",
+        NAMESPACE,
+        "get",
+        "pods",
+        "-l",
+        "kvscale.io/endpoint=tiny",
+        "-o",
+        "jsonpath={.items[0].status.podIP}",
+        show=False,
+    )
+    base = f"http://{ip}:8000"
+    client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused")
+    reply = client.completions.create(model="tiny-llama", prompt="Hello!", max_tokens=16)
+    print(f"\nA completion from {base} (random weights, so the words are noise):")
+    print(f"  {reply.choices[0].text!r}  usage={reply.usage}")
+    print(f"\n$ kvscale loadtest --base-url {base} --num-prompts 40 --request-rate 8 ...")
+    subprocess.run(
+        [
+            str(Path(sys.executable).parent / "kvscale"),
+            "loadtest",
+            "--base-url",
+            base,
+            "--num-prompts",
+            "40",
+            "--request-rate",
+            "8",
+            "--input-len",
+            "64",
+            "--output-len",
+            "32",
+            "--no-plots",
+            "--no-progress",
+            "--output-dir",
+            str(cluster.directory / "loadtest"),
+        ],
+        check=True,
+        timeout=300,
+    )
+
+
 def main() -> int:
     directory = default_cluster_dir().resolve()
     up(directory)
     cluster = Cluster.attach(directory)
-    crd = ROOT / "e2e" / "crds" / "servicemonitors.monitoring.coreos.com.yaml"
-    kubectl(cluster, "apply", "--server-side", "-f", str(crd))
-    kubectl(
-        cluster,
-        "wait",
-        "--for=condition=Established",
-        "--timeout=60s",
-        "crd/servicemonitors.monitoring.coreos.com",
-    )
-    kubectl(cluster, "apply", "--server-side", "-k", str(ROOT / "manifests"))
-    kubectl(
-        cluster,
-        "-n",
-        "kvscale-system",
-        "rollout",
-        "status",
-        "deployment/kvscale-operator",
-        "--timeout=180s",
-    )
+    install_kvscale(lambda *args: kubectl(cluster, *args))
     namespace = f"apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {NAMESPACE}\n"
     kubectl(cluster, "apply", "--server-side", "-f", "-", stdin=namespace)
     kubectl(cluster, "apply", "--server-side", "-n", NAMESPACE, "-f", str(SAMPLE))
@@ -75,6 +103,7 @@ def main() -> int:
         "--field-selector",
         "involvedObject.kind=LLMEndpoint",
     )
+    _serve(cluster)
     print(
         f"\nThe cluster keeps running. export KUBECONFIG={cluster.kubeconfig} to look around;"
         "\n`make cluster-down` stops it."

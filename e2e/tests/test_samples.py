@@ -18,37 +18,19 @@ import pytest
 import yaml
 
 from kvscale_cluster.fixtures import Cluster, kubectl, wait_for
+from kvscale_cluster.install import ROOT, install_kvscale, uninstall_kvscale
 
-ROOT = Path(__file__).resolve().parents[2]
 SAMPLES = sorted((ROOT / "manifests" / "samples").glob("*.yaml"))
-SERVICEMONITOR_CRD = ROOT / "e2e" / "crds" / "servicemonitors.monitoring.coreos.com.yaml"
 
 
 @pytest.fixture(scope="module")
 def installed(cluster: Cluster) -> Iterator[None]:
     """kvscale from `kubectl apply -k manifests/`, removed again after the module."""
-    kubectl(cluster, "apply", "--server-side", "-f", str(SERVICEMONITOR_CRD))
-    kubectl(
-        cluster,
-        "wait",
-        "--for=condition=Established",
-        "--timeout=60s",
-        "crd/servicemonitors.monitoring.coreos.com",
-    )
-    kubectl(cluster, "apply", "--server-side", "-k", str(ROOT / "manifests"))
-    kubectl(
-        cluster,
-        "-n",
-        "kvscale-system",
-        "rollout",
-        "status",
-        "deployment/kvscale-operator",
-        "--timeout=180s",
-    )
+    install_kvscale(lambda *args: kubectl(cluster, *args))
     try:
         yield
     finally:
-        kubectl(cluster, "delete", "-k", str(ROOT / "manifests"), "--wait=false", check=False)
+        uninstall_kvscale(lambda *args: kubectl(cluster, *args))
 
 
 def _engine_pods(cluster: Cluster, namespace: str, endpoint: str) -> list[dict[str, Any]]:

@@ -12,8 +12,8 @@ from kubernetes.config import kube_config
 
 from kvscale.kube import Kube
 from kvscale_cluster.fixtures import kubectl
+from kvscale_cluster.install import SERVICEMONITOR_CRD
 
-SERVICEMONITOR_CRD = ROOT / "e2e" / "crds" / "servicemonitors.monitoring.coreos.com.yaml"
 NAMESPACE = "kvscale-system"
 
 

@@ -1,0 +1,35 @@
+"""Installs kvscale on a cluster from manifests/, as `make demo` and the e2e tests do.
+
+The local cluster runs no Prometheus Operator, so its ServiceMonitor CRD is installed first;
+everything else is `kubectl apply --server-side -k manifests/`, unchanged from a real cluster.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+MANIFESTS = ROOT / "manifests"
+SERVICEMONITOR_CRD = ROOT / "e2e" / "crds" / "servicemonitors.monitoring.coreos.com.yaml"
+
+Kubectl = Callable[..., object]
+
+
+def install_kvscale(kubectl: Kubectl) -> None:
+    """Applies the manifests and waits for the operator to roll out."""
+    kubectl("apply", "--server-side", "-f", str(SERVICEMONITOR_CRD))
+    kubectl(
+        "wait",
+        "--for=condition=Established",
+        "--timeout=60s",
+        "crd/servicemonitors.monitoring.coreos.com",
+    )
+    kubectl("apply", "--server-side", "-k", str(MANIFESTS))
+    kubectl(
+        "-n", "kvscale-system", "rollout", "status", "deployment/kvscale-operator", "--timeout=180s"
+    )
+
+
+def uninstall_kvscale(kubectl: Kubectl) -> None:
+    kubectl("delete", "-k", str(MANIFESTS), "--wait=false", "--ignore-not-found")
