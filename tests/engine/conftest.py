@@ -16,6 +16,7 @@ from kvscale_engine.llm_engine import LLMEngine
 
 # bench/gpu_check.sh sets cuda to run this tier on a GPU; HF reference outputs stay on the CPU.
 DEVICE = os.environ.get("KVSCALE_TEST_DEVICE", "cpu")
+ATTENTION = os.environ.get("KVSCALE_TEST_ATTENTION", "auto")
 
 
 @pytest.fixture(scope="session")
@@ -37,6 +38,7 @@ def make_engine(llama_dir: Path) -> Iterator[Callable[..., LLMEngine]]:
             "block_size": 16,
             "device": DEVICE,
             "dtype": "float32",  # token-exact comparisons need fp32 on every device
+            "attention_backend": ATTENTION,
         }
         return LLMEngine(EngineConfig(model=str(model), **(settings | overrides)))
 
