@@ -170,3 +170,13 @@ def test_activation_peak_is_measured_on_the_cpu() -> None:
         block = torch.ones(16 * 2**20)  # 64 MiB, touched
         del block
     assert peak.bytes is not None and peak.bytes >= 60 * 2**20
+
+
+def test_waste_figure_counts_unused_slots_of_allocated_blocks(make_engine: MakeEngine) -> None:
+    engine = make_engine()
+    engine.add_request("r", list(range(5, 25)), GREEDY)  # 20 prompt tokens, blocks of 16
+    engine.step()
+    stats = engine.stats()
+    assert (stats.kv_allocated_slots, stats.kv_used_slots) == (32, 20)
+    assert stats.kv_waste_slots == 12 and stats.kv_waste_fraction == 12 / 32
+    assert stats.kv_cache_usage == 2 / engine.block_manager.num_total_blocks
