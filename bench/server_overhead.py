@@ -28,11 +28,11 @@ from kvscale_engine.model_config import NAMED_ARCHS
 
 FULL: dict[str, Any] = {
     "arch": "llama-bench-cpu", "requests": 64, "prompt_len": 64, "mean_output": 48, "cap": 128,
-    "max_num_seqs": 64, "repeats": 5,
+    "max_num_seqs": 64, "repeats": 5, "warmup": 4,
 }  # fmt: skip
 QUICK: dict[str, Any] = {
     "arch": "llama-tiny", "requests": 8, "prompt_len": 16, "mean_output": 8, "cap": 16,
-    "max_num_seqs": 8, "repeats": 1,
+    "max_num_seqs": 8, "repeats": 1, "warmup": 1,
 }  # fmt: skip
 ENGINE = {"max_model_len": 512, "num_kv_blocks": 2048, "max_num_batched_tokens": 1024}
 
@@ -89,13 +89,14 @@ def run(quick: bool = False) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         path = write_tiny_checkpoint(Path(tmp), seed=0, **shape)
         engine = make_engine(path, **settings)
-        for seed in (997, 999):  # warm-up
-            run_kvscale(engine, workload(seed))
         flags = [f"--{k.replace('_', '-')}={v}" for k, v in settings.items()]
         with engine_server(path, *flags, f"--max-concurrency={p['max_num_seqs']}") as url:
             # interleaved, so that load from elsewhere on the machine hits both sides alike
-            asyncio.run(_streamed(url, workload(996)))  # warm-up, server and client
-            asyncio.run(_unstreamed(url, workload(998)))
+            # warm-up: a process runs its first few batches several times slower (kernels for
+            # new shapes), so both sides get the same number of warm-up runs first
+            for seed in range(900, 900 + int(p["warmup"])):
+                run_kvscale(engine, workload(seed))
+                asyncio.run(_streamed(url, workload(seed)))
             for round_ in range(int(p["repeats"])):
                 # each HTTP run right after the offline run of the same prompts
                 a, b = workload(2 * round_), workload(2 * round_ + 1)
@@ -115,8 +116,9 @@ def run(quick: bool = False) -> dict[str, Any]:
         "http_unstreamed_output_tokens_per_s": [
             round(r["output_tokens_per_s"], 1) for r in unstreamed
         ],
-        "workload": {k: v for k, v in p.items() if k != "repeats"}
+        "workload": {k: v for k, v in p.items() if k not in ("repeats", "warmup")}
         | {"output_tokens": sum(r.max_tokens for r in requests), "arrivals": "all at once"},
+        "warmup_runs_per_side": p["warmup"],
         "engine": settings,
         "notes": "each round: workload A offline then streamed over HTTP, workload B offline "
         "then unstreamed; fresh prompts every run (no cross-run prefix hits); ratios per pair, "
