@@ -32,4 +32,7 @@ def install_kvscale(kubectl: Kubectl) -> None:
 
 
 def uninstall_kvscale(kubectl: Kubectl) -> None:
-    kubectl("delete", "-k", str(MANIFESTS), "--wait=false", "--ignore-not-found")
+    """Deletes every endpoint while the operator still runs (it holds their finalizers), then
+    the operator, its RBAC and the CRD."""
+    kubectl("delete", "llme", "--all", "--all-namespaces", "--timeout=120s")
+    kubectl("delete", "-k", str(MANIFESTS), "--ignore-not-found", "--timeout=180s")
