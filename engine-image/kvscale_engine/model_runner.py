@@ -13,7 +13,7 @@ import torch
 
 from kvscale_engine.config import EngineConfig
 from kvscale_engine.device_memory import measure_peak, total_bytes
-from kvscale_engine.layers.attention import SeqSpan, build_metadata
+from kvscale_engine.layers.attention import BlockMaskFn, SeqSpan, build_metadata
 from kvscale_engine.layers.sampler import SampleRequest, sample
 from kvscale_engine.loader import load_model
 from kvscale_engine.memory_budget import (
@@ -36,8 +36,8 @@ class ModelRunner:
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
         self.model = load_model(config, model_cfg, self.device, self.dtype)
-        self.use_flex = _use_flex(config, self.device)
-        if self.use_flex:
+        self.block_mask_fn: BlockMaskFn | None = None
+        if _use_flex(config, self.device):
             self._install_flex()
         self.budget: MemoryBudget | None = None
         if config.num_kv_blocks is None:
@@ -55,7 +55,11 @@ class ModelRunner:
         input_ids, positions = self._inputs(items)
         spans = [SeqSpan(i.start, i.num_new_tokens, i.seq.block_table) for i in items]
         meta = build_metadata(
-            spans, self.config.block_size, self.model_cfg.sliding_window, self.device, self.use_flex
+            spans,
+            self.config.block_size,
+            self.model_cfg.sliding_window,
+            self.device,
+            self.block_mask_fn,
         )
         hidden = self.model(input_ids, positions, self.kv_caches, meta)
         ends = torch.tensor([i.num_new_tokens for i in items]).cumsum(0) - 1
@@ -118,7 +122,7 @@ class ModelRunner:
             self.config.block_size,
             self.model_cfg.sliding_window,
             self.device,
-            self.use_flex,
+            self.block_mask_fn,
         )
         ids = torch.zeros(tokens, dtype=torch.long, device=self.device)
         positions = torch.arange(tokens, device=self.device)
@@ -132,18 +136,17 @@ class ModelRunner:
         return peak.bytes
 
     def _install_flex(self) -> None:
-        from torch.nn.attention.flex_attention import flex_attention
+        """FlexAttention for prefill; compiled on CUDA (eager on CPU, where tests check masks)."""
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
         from kvscale_engine.layers.attention import PagedAttention
 
-        fn = (
-            torch.compile(flex_attention, dynamic=True)
-            if self.device.type == "cuda"
-            else flex_attention
-        )
+        cuda = self.device.type == "cuda"
+        attend = torch.compile(flex_attention, dynamic=True) if cuda else flex_attention
+        self.block_mask_fn = torch.compile(create_block_mask) if cuda else create_block_mask
         for module in self.model.modules():
             if isinstance(module, PagedAttention):
-                module.flex_fn = fn
+                module.flex_fn = attend
 
 
 def resolve_device(name: str) -> torch.device:

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 FLEX_PAD = 128
+BlockMaskFn = Callable[..., Any]  # torch's create_block_mask, compiled on CUDA
 
 
 @dataclass(frozen=True)
@@ -70,9 +71,9 @@ def build_metadata(
     block_size: int,
     window: int | None,
     device: torch.device,
-    flex: bool = False,
+    block_mask_fn: BlockMaskFn | None = None,
 ) -> AttentionMetadata:
-    """`spans` lists decodes (one token) first, then prefill chunks."""
+    """`spans` lists decodes (one token) first, then prefill chunks; flex given a mask builder."""
     tables = [torch.tensor(s.block_table, dtype=torch.long) for s in spans]
     positions = [torch.arange(s.start, s.end) for s in spans]
     slots = torch.cat([slots_of(t, p, block_size) for t, p in zip(tables, positions, strict=True)])
@@ -82,8 +83,10 @@ def build_metadata(
     if decodes:
         _decode_inputs(meta, [spans[i] for i in decodes], block_size, window, device)
     n = len(decodes)
-    if flex and n < len(spans):
-        meta.flex = _flex_inputs(spans[n:], tables[n:], positions[n:], block_size, window, device)
+    if block_mask_fn is not None and n < len(spans):
+        meta.flex = _flex_inputs(
+            spans[n:], tables[n:], positions[n:], block_size, window, device, block_mask_fn
+        )
         return meta
     q_start = n
     for span, table, pos in list(zip(spans, tables, positions, strict=True))[n:]:
@@ -141,9 +144,8 @@ def _flex_inputs(
     block_size: int,
     window: int | None,
     device: torch.device,
+    block_mask_fn: BlockMaskFn,
 ) -> FlexInputs:
-    from torch.nn.attention.flex_attention import create_block_mask
-
     num_q = sum(s.num_tokens for s in spans)
     kv_pos = [torch.arange(s.end) for s in spans]
     kv_index = torch.cat([slots_of(t, p, block_size) for t, p in zip(tables, kv_pos, strict=True)])
@@ -156,10 +158,7 @@ def _flex_inputs(
         keep = (q_seq[q] == kv_seq[kv]) & (k_pos[kv] <= q_pos[q])
         return keep if window is None else keep & (k_pos[kv] > q_pos[q] - window)
 
-    block_mask = create_block_mask(
-        mask_mod, None, None, len(q_seq), len(kv_seq), device=str(device),
-        _compile=device.type == "cuda",  # do not materialise the dense mask on the GPU
-    )  # fmt: skip
+    block_mask = block_mask_fn(mask_mod, None, None, len(q_seq), len(kv_seq), device=str(device))
     return FlexInputs(_padded(kv_index, 0).to(device), block_mask, num_q)
 
 
