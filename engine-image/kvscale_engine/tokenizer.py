@@ -37,7 +37,7 @@ class Tokenizer:
         eos_id = _eos_from_generation_config(path / "generation_config.json")
         if eos_id is None and "eos_token" in special:
             eos_id = backend.token_to_id(special["eos_token"])
-        return cls(backend, eos_id, config.get("chat_template"), special)
+        return cls(backend, eos_id, _chat_template(path, config), special)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         ids: list[int] = self.backend.encode(text, add_special_tokens=add_special_tokens).ids
@@ -62,6 +62,17 @@ class Tokenizer:
             **self.special_tokens,
         )
         return rendered
+
+
+def _chat_template(path: Path, config: dict[str, Any]) -> str | None:
+    """From tokenizer_config.json (a string or a list of named ones) or chat_template.jinja."""
+    template = config.get("chat_template")
+    if isinstance(template, list):
+        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+        template = named.get("default") or next(iter(named.values()), None)
+    if template is None and (path / "chat_template.jinja").exists():
+        template = (path / "chat_template.jinja").read_text()
+    return None if template is None else str(template)
 
 
 def _raise_template_error(message: str) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 from collections.abc import Callable
 from pathlib import Path
@@ -180,3 +181,21 @@ def test_waste_figure_counts_unused_slots_of_allocated_blocks(make_engine: MakeE
     assert (stats.kv_allocated_slots, stats.kv_used_slots) == (32, 20)
     assert stats.kv_waste_slots == 12 and stats.kv_waste_fraction == 12 / 32
     assert stats.kv_cache_usage == 2 / engine.block_manager.num_total_blocks
+
+
+def test_chat_template_from_a_named_list_or_a_jinja_file(llama_dir: Path, tmp_path: Path) -> None:
+    for name in ("tokenizer.json", "generation_config.json"):
+        (tmp_path / name).write_bytes((llama_dir / name).read_bytes())
+    config = json.loads((llama_dir / "tokenizer_config.json").read_text())
+    template = config.pop("chat_template")
+    (tmp_path / "chat_template.jinja").write_text(template)
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    messages = [{"role": "user", "content": "hi"}]
+    expected = Tokenizer.from_dir(llama_dir).apply_chat_template(messages)
+    assert Tokenizer.from_dir(tmp_path).apply_chat_template(messages) == expected
+    config["chat_template"] = [
+        {"name": "tool_use", "template": "x"},
+        {"name": "default", "template": template},
+    ]
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    assert Tokenizer.from_dir(tmp_path).apply_chat_template(messages) == expected
