@@ -108,8 +108,10 @@ class ModelRunner:
             total += weights  # MemAvailable was read after the weights were loaded
         tokens = min(self.config.max_num_batched_tokens, self.config.max_model_len)
         activation = self._profile_activation_peak(tokens)
-        if activation is None:
-            activation = estimated_activation_bytes(self.model_cfg, tokens, dtype_bytes)
+        if self.device.type == "cpu":  # peak RSS misses memory the allocator already held
+            estimate = estimated_activation_bytes(self.model_cfg, tokens, dtype_bytes)
+            activation = max(activation or 0, estimate)
+        assert activation is not None
         return MemoryBudget(total, self.config.memory_fraction, weights, activation, block_bytes)
 
     @torch.inference_mode()

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from engine_helpers import HFReference
 
 from kvscale_engine.checkpoint import write_tiny_checkpoint
@@ -17,6 +18,15 @@ from kvscale_engine.llm_engine import LLMEngine
 # bench/gpu_check.sh sets cuda to run this tier on a GPU; HF reference outputs stay on the CPU.
 DEVICE = os.environ.get("KVSCALE_TEST_DEVICE", "cpu")
 ATTENTION = os.environ.get("KVSCALE_TEST_ATTENTION", "auto")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def one_torch_thread() -> Iterator[None]:
+    """Tiny models run faster on one thread, and shared CI cores do not make threads spin."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
 
 
 @pytest.fixture(scope="session")
