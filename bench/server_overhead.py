@@ -4,6 +4,10 @@ The offline baseline submits every request to an LLMEngine at once and steps it 
 The HTTP runs send the same requests, all at once, to `kvscale-engine serve` (a child process,
 same engine settings) with the load-test client: streaming with usage (what users see) and
 non-streaming. Output lengths are exact (EOS ignored) so both sides emit the same tokens.
+
+Both engines run PyTorch on one thread: on a GPU host the model does not occupy the CPU cores the
+server needs, and on this 2-core machine two OpenMP threads per engine make every run hostage to
+whatever else is running (a co-runner slowed 2-thread runs up to 40x, 1-thread runs 2x).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import torch
 
 from bench.harness import make_engine, run_kvscale
 from bench.serving import engine_server
@@ -74,7 +79,15 @@ async def _unstreamed(url: str, requests: list[Request]) -> dict[str, Any]:
 
 
 def run(quick: bool = False) -> dict[str, Any]:
-    p = QUICK if quick else FULL
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _run(QUICK if quick else FULL)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _run(p: dict[str, Any]) -> dict[str, Any]:
     shape = {k: v for k, v in NAMED_ARCHS[str(p["arch"])].items() if k != "model_type"}
 
     def workload(seed: int) -> list[Request]:
@@ -90,7 +103,8 @@ def run(quick: bool = False) -> dict[str, Any]:
         path = write_tiny_checkpoint(Path(tmp), seed=0, **shape)
         engine = make_engine(path, **settings)
         flags = [f"--{k.replace('_', '-')}={v}" for k, v in settings.items()]
-        with engine_server(path, *flags, f"--max-concurrency={p['max_num_seqs']}") as url:
+        limit = f"--max-concurrency={p['max_num_seqs']}"
+        with engine_server(path, *flags, limit, torch_threads=1) as url:
             # interleaved, so that load from elsewhere on the machine hits both sides alike
             # warm-up: a process runs its first few batches several times slower (kernels for
             # new shapes), so both sides get the same number of warm-up runs first
@@ -119,7 +133,7 @@ def run(quick: bool = False) -> dict[str, Any]:
         "workload": {k: v for k, v in p.items() if k not in ("repeats", "warmup")}
         | {"output_tokens": sum(r.max_tokens for r in requests), "arrivals": "all at once"},
         "warmup_runs_per_side": p["warmup"],
-        "engine": settings,
+        "engine": settings | {"torch_threads": 1},
         "notes": "each round: workload A offline then streamed over HTTP, workload B offline "
         "then unstreamed; fresh prompts every run (no cross-run prefix hits); ratios per pair, "
         "medians over rounds; the load-test client and the server share the machine's CPUs",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -22,7 +23,9 @@ def _free_port() -> int:
 
 
 @contextmanager
-def engine_server(model: Path, *args: str, name: str = "bench") -> Iterator[str]:
+def engine_server(
+    model: Path, *args: str, name: str = "bench", torch_threads: int | None = None
+) -> Iterator[str]:
     """Start `kvscale-engine serve` on a free loopback port; yield its base URL once ready."""
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
@@ -32,7 +35,10 @@ def engine_server(model: Path, *args: str, name: str = "bench") -> Iterator[str]
         "--device", "cpu", "--log-level", "warning", *args,
     ]  # fmt: skip
     with tempfile.TemporaryFile() as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        env = dict(os.environ)
+        if torch_threads is not None:
+            env["OMP_NUM_THREADS"] = str(torch_threads)
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
         try:
             deadline = time.monotonic() + 180
             while not _ready(url):
