@@ -95,7 +95,8 @@ def live_server(model_dir: Path, tmp_dir: Path, *args: str) -> Iterator[LiveServ
         "--host", "127.0.0.1", "--port", str(port), "--device", "cpu",
         *BASE_ARGS, *args,
     ]  # fmt: skip
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    # one torch thread, as the engine tier runs in-process: tiny models, shared CI cores
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     with log_path.open("wb") as log:
         process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
     server = LiveServer(process, url, log_path)
