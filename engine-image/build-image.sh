@@ -80,7 +80,7 @@ main() {
     docker build --network host \
         --build-arg BASE_IMAGE="$BASE_IMAGE" --build-arg VARIANT="$VARIANT" \
         -f engine-image/Dockerfile -t "$IMAGE:$TAG" "$ctx"
-    docker tag "$IMAGE:$TAG" "$IMAGE:latest"
+    [[ "$VARIANT" == cpu ]] && docker tag "$IMAGE:$TAG" "$IMAGE:latest"
     log "Built $IMAGE:$TAG"
 }
 
