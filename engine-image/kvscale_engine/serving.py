@@ -1,9 +1,7 @@
-"""The server's state: loading and readiness, admission, draining, and each request's generation.
+"""The server's state: loading and readiness, admission, draining, starting generations.
 
 One `ServerState` lives on `app.state` for the life of the app. A request is first admitted
-(now, after a bounded wait, or refused), then becomes a `Generation`: n engine requests whose
-outputs arrive on one queue. Closing a generation aborts whatever is unfinished, which frees its
-KV blocks, and hands its admission slot to the next waiter.
+(now, after a bounded wait, or refused), then becomes a `Generation` (generation.py).
 """
 
 from __future__ import annotations
@@ -12,15 +10,15 @@ import asyncio
 import itertools
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Literal
 
 from kvscale_engine.admission import AdmissionController, TrafficClass, derive_concurrency_limit
 from kvscale_engine.engine_loop import EngineLoop, Item
+from kvscale_engine.generation import Admitted, Generation, Track
 from kvscale_engine.llm_engine import LLMEngine
-from kvscale_engine.metrics import EngineMetrics, FinishedRequest, StatsSnapshot
-from kvscale_engine.outputs import EngineStats, RequestOutput
+from kvscale_engine.metrics import EngineMetrics, StatsSnapshot
+from kvscale_engine.outputs import EngineStats
 from kvscale_engine.protocol import new_id
 from kvscale_engine.sampling_params import SamplingParams
 from kvscale_engine.server_config import ServerConfig
@@ -39,89 +37,6 @@ class Refused(Exception):
         self.status = status
         self.reason = reason
         self.retry_after_s = retry_after_s
-
-
-@dataclass
-class Admitted:
-    ticket: int
-    traffic_class: TrafficClass
-    arrival: float
-    released: bool = False
-
-
-@dataclass
-class _Track:
-    index: int
-    first_token_at: float | None = None
-    last_token_at: float | None = None
-    finished: bool = False
-    final: RequestOutput | None = None
-
-
-@dataclass
-class Generation:
-    """The engine requests behind one HTTP request (n of them), read from one queue."""
-
-    state: ServerState
-    admitted: Admitted
-    num_prompt_tokens: int
-    stream: asyncio.Queue[Item]
-    tracks: dict[str, _Track] = field(default_factory=dict)
-    closed: bool = False
-
-    async def events(self) -> AsyncIterator[tuple[int, RequestOutput]]:
-        """(choice index, output) as the engine produces them, until every choice finished."""
-        while not all(t.finished for t in self.tracks.values()):
-            item = await self.stream.get()
-            if isinstance(item, BaseException):
-                raise item
-            track = self.tracks[item.request_id]
-            self._observe(track, item)
-            yield track.index, item
-
-    def close(self) -> None:
-        """Abort what is unfinished and give back the admission slot; safe to call twice."""
-        if self.closed:
-            return
-        self.closed = True
-        now = time.monotonic()
-        for request_id, track in self.tracks.items():
-            if not track.finished:
-                self.state.engine_loop.abort(request_id)
-                generated = len(track.final.output_token_ids) if track.final else 0
-                self._finished(track, "abort", generated, None, now)
-        self.state.release(self.admitted)
-
-    def _observe(self, track: _Track, out: RequestOutput) -> None:
-        now = time.monotonic()
-        track.final = out
-        metrics = self.state.metrics
-        if out.new_token_ids:
-            if track.first_token_at is None:
-                track.first_token_at = now
-                metrics.observe_first_token(now - self.admitted.arrival)
-            elif track.last_token_at is not None:
-                metrics.observe_inter_token(now - track.last_token_at)
-            track.last_token_at = now
-        if out.finished:
-            track.finished = True
-            reason = out.finish_reason or "stop"
-            self._finished(track, reason, len(out.output_token_ids), out.first_scheduled_time, now)
-
-    def _finished(
-        self, track: _Track, reason: str, generated: int, scheduled: float | None, now: float
-    ) -> None:
-        track.finished = True
-        arrival = self.admitted.arrival
-        self.state.metrics.observe_finished(
-            FinishedRequest(
-                finish_reason=reason,
-                e2e_s=now - arrival,
-                queue_s=None if scheduled is None else max(0.0, scheduled - arrival),
-                num_prompt_tokens=self.num_prompt_tokens,
-                num_generation_tokens=generated,
-            )
-        )
 
 
 class ServerState:
@@ -294,11 +209,11 @@ class ServerState:
     ) -> Generation:
         loop = self.engine_loop
         stream: asyncio.Queue[Item] = asyncio.Queue()
-        gen = Generation(self, admitted, len(prompt_token_ids), stream)
+        gen = Generation(loop, self.metrics, self.release, admitted, len(prompt_token_ids), stream)
         base = new_id("req")
         for index, p in enumerate(params):
             request_id = f"{base}-{index}"
-            gen.tracks[request_id] = _Track(index)
+            gen.tracks[request_id] = Track(index)
             loop.add(
                 request_id,
                 prompt_token_ids,
