@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds the kvscale engine image (kvscale/engine) where no container registry can be reached.
+# Builds the kvscale engine image (kvscale/engine) and the operator image (kvscale/operator)
+# where no container registry can be reached.
 #
 # The base image is a Debian root file system made by debootstrap and turned into an image by
 # `docker import`, so nothing is pulled from a registry. Python packages come from PyPI through
@@ -15,6 +16,7 @@ cd "$(dirname "$0")/.."
 VARIANT=${VARIANT:-cpu}
 TAG=${TAG:-$VARIANT}
 IMAGE=kvscale/engine
+OPERATOR_IMAGE=kvscale/operator:0.1.0
 SUITE=bookworm
 DEBOOTSTRAP_BASE=kvscale/debian-base:$SUITE
 BASE_IMAGE=${BASE_IMAGE:-$DEBOOTSTRAP_BASE}
@@ -82,6 +84,10 @@ main() {
         -f engine-image/Dockerfile -t "$IMAGE:$TAG" "$ctx"
     [[ "$VARIANT" == cpu ]] && docker tag "$IMAGE:$TAG" "$IMAGE:latest"
     log "Built $IMAGE:$TAG"
+    log "Building $OPERATOR_IMAGE from $BASE_IMAGE"
+    docker build --network host --build-arg BASE_IMAGE="$BASE_IMAGE" \
+        -f operator/Dockerfile -t "$OPERATOR_IMAGE" "$ctx"
+    log "Built $OPERATOR_IMAGE"
 }
 
 main "$@"

@@ -107,16 +107,22 @@ def _tokenizer_config(raw: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _save(tensors: dict[str, torch.Tensor], file: Path) -> None:
+    # safetensors writes 0600; a checkpoint is read by engine pods running as another user
+    save_file(tensors, str(file), metadata={"format": "pt"})
+    file.chmod(0o644)
+
+
 def _write_weights(path: Path, tensors: dict[str, torch.Tensor], num_shards: int) -> None:
     if num_shards <= 1:
-        save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
+        _save(tensors, path / "model.safetensors")
         return
     names = list(tensors)
     weight_map: dict[str, str] = {}
     for shard in range(num_shards):
         file = f"model-{shard + 1:05d}-of-{num_shards:05d}.safetensors"
         part = {n: tensors[n] for n in names[shard::num_shards]}
-        save_file(part, str(path / file), metadata={"format": "pt"})
+        _save(part, path / file)
         weight_map |= dict.fromkeys(part, file)
     total = sum(t.numel() * t.element_size() for t in tensors.values())
     index = {"metadata": {"total_size": total}, "weight_map": weight_map}

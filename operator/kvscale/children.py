@@ -124,8 +124,8 @@ def _engine_container(spec: api.LLMEndpointSpec) -> JSON:
         "livenessProbe": _probe(paths.live, 10, 3),
         "securityContext": {
             "runAsNonRoot": True,
-            "runAsUser": 1000,
-            "runAsGroup": 1000,
+            "runAsUser": 10001,
+            "runAsGroup": 10001,
             "readOnlyRootFilesystem": True,
             "allowPrivilegeEscalation": False,
             "capabilities": {"drop": ["ALL"]},
@@ -144,7 +144,7 @@ def engine_deployment(owner: Owner, spec: api.LLMEndpointSpec, replicas: int) ->
         "terminationGracePeriodSeconds": GRACE_SECONDS,
         "securityContext": {
             "runAsNonRoot": True,
-            "fsGroup": 1000,
+            "fsGroup": 10001,
             "seccompProfile": {"type": "RuntimeDefault"},
         },
         "automountServiceAccountToken": False,
