@@ -11,17 +11,16 @@ import signal
 import socket
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-T = TypeVar("T")
+from kvscale_cluster.wait import GiveUp, wait_for
+
 MODEL = "tiny-llama"
 BASE_ARGS = ("--max-model-len", "512", "--num-kv-blocks", "256", "--block-size", "16")
 
@@ -63,21 +62,9 @@ def free_port() -> int:
         return port
 
 
-def wait_for(check: Callable[[], T | None], timeout: float, what: str) -> T:
-    """Poll check() until it returns something truthy; fail with `what` after timeout."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(0.05)
-
-
 def _ready(url: str, process: subprocess.Popen[bytes]) -> bool:
     if process.poll() is not None:
-        raise AssertionError(f"server exited with {process.returncode} before it was ready")
+        raise GiveUp(f"server exited with {process.returncode} before it was ready")
     try:
         return httpx.get(f"{url}/ready", timeout=2).status_code == 200
     except httpx.TransportError:
