@@ -47,21 +47,28 @@ def _traffic_classes(spec: api.LLMEndpointSpec) -> str:
     return json.dumps(classes, separators=(",", ":"))
 
 
-def kvscale_args(spec: api.LLMEndpointSpec) -> list[str]:
+def _shared_args(spec: api.LLMEndpointSpec, model: str, memory_flag: str) -> list[str]:
+    """The flags both engines spell alike (vLLM names the memory fraction differently)."""
     engine = spec.engine
-    args = [
-        "serve",
-        "--model", model_location(spec),
+    return [
+        "--model", model,
         "--served-model-name", spec.model.name,
         "--host", "0.0.0.0",
         "--port", str(ENGINE_PORT),
         "--max-model-len", str(spec.model.max_model_len),
         "--block-size", str(engine.block_size),
-        "--memory-fraction", str(engine.memory_fraction),
+        memory_flag, str(engine.memory_fraction),
         "--max-num-seqs", str(engine.max_num_seqs),
         "--max-num-batched-tokens", str(engine.max_num_batched_tokens),
         "--enable-prefix-caching" if engine.enable_prefix_caching
         else "--no-enable-prefix-caching",
+    ]  # fmt: skip
+
+
+def kvscale_args(spec: api.LLMEndpointSpec) -> list[str]:
+    args = [
+        "serve",
+        *_shared_args(spec, model_location(spec), "--memory-fraction"),
         "--drain-timeout", str(DRAIN_SECONDS),
     ]  # fmt: skip
     if spec.traffic_classes:
@@ -70,24 +77,14 @@ def kvscale_args(spec: api.LLMEndpointSpec) -> list[str]:
 
 
 def vllm_args(spec: api.LLMEndpointSpec) -> list[str]:
-    engine = spec.engine
+    dummy = spec.model.source.dummy is not None
     # vLLM reads the architecture from the named model's config even for dummy weights
-    model = spec.model.name if spec.model.source.dummy is not None else model_location(spec)
+    model = spec.model.name if dummy else model_location(spec)
     args = [
-        "--model", model,
-        "--served-model-name", spec.model.name,
-        "--host", "0.0.0.0",
-        "--port", str(ENGINE_PORT),
-        "--max-model-len", str(spec.model.max_model_len),
-        "--block-size", str(engine.block_size),
-        "--gpu-memory-utilization", str(engine.memory_fraction),
-        "--max-num-seqs", str(engine.max_num_seqs),
-        "--max-num-batched-tokens", str(engine.max_num_batched_tokens),
-        "--enable-prefix-caching" if engine.enable_prefix_caching
-        else "--no-enable-prefix-caching",
+        *_shared_args(spec, model, "--gpu-memory-utilization"),
         "--tensor-parallel-size", str(max(1, spec.resources.gpus_per_replica)),
     ]  # fmt: skip
-    if spec.model.source.dummy is not None:
+    if dummy:
         args += ["--load-format", "dummy"]
     return args
 
