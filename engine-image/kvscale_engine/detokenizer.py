@@ -2,8 +2,12 @@
 
 Each step decodes only a short window of tokens (the previous window for context, as vLLM does,
 so tokenizers that strip a leading space still join words correctly), so a step costs the same at
-token 10 and token 10,000. What is emitted holds back a trailing partial UTF-8 character and any
-suffix that could still grow into a stop string, so streamed text never contains a stop string.
+token 10 and token 10,000. The first window starts on the prompt's last tokens: a SentencePiece
+(Metaspace) tokenizer drops the space of a sequence's first word, so without that context the
+completion of "The capital of France is" would read "Paris" instead of " Paris".
+
+What is emitted holds back a trailing partial UTF-8 character and any suffix that could still grow
+into a stop string, so streamed text never contains a stop string.
 """
 
 from __future__ import annotations
@@ -49,7 +53,7 @@ class Detokenizer:
         return delta
 
     def _decode_new_token(self, seq: Sequence) -> None:
-        ids = seq.output_token_ids
+        ids = seq.token_ids
         prefix = self.decoder.decode(ids[seq.prefix_offset : seq.read_offset])
         new = self.decoder.decode(ids[seq.prefix_offset :])[len(prefix) :]
         if new.endswith(REPLACEMENT_CHAR):  # a partial character: keep the window open

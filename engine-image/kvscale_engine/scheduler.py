@@ -1,10 +1,10 @@
 """Continuous batching: every step admits work up to a sequence cap and a token budget.
 
-Running sequences go first (decodes and unfinished prefill chunks), then waiting ones in priority
-order. A long prompt is split into chunks that fit the token budget, so it cannot stall decoding.
-When blocks run out the newest running sequence is preempted by recompute and put back at the
-head of the waiting queue. Queues change only in `schedule()` and `postprocess()` (and `abort`).
-No torch here.
+Running sequences go first (decodes and unfinished prefill chunks), most important first, then
+waiting ones in priority order. A long prompt is split into chunks that fit the token budget, so it
+cannot stall decoding. When blocks run out the least important running sequence (the newest
+within its priority) is preempted by recompute and put back at the head of the waiting queue.
+Queues change only in `schedule()` and `postprocess()` (and `abort`). No torch here.
 """
 
 from __future__ import annotations
@@ -110,12 +110,15 @@ class Scheduler:
             self._finish(seq, "abort")
 
     def _schedule_running(self, batch: ScheduledBatch, budget: int) -> int:
+        # most important first, oldest first within a priority: the preemption victim is always
+        # the last one, so it is never a sequence already placed in this batch
+        self.running.sort(key=lambda s: (-s.priority, s.arrival_time))
         index = 0
         while index < len(self.running) and budget > 0:
             seq = self.running[index]
             num_new = min(seq.num_uncomputed_tokens, budget)
             if not self._reserve(seq, num_new):
-                break  # seq itself was preempted: nothing newer is left to run
+                break  # seq itself was preempted: nothing less important is left to run
             batch.seqs.append(ScheduledSeq.of(seq, seq.num_computed_tokens, num_new))
             budget -= num_new
             index += 1

@@ -13,6 +13,7 @@ from typing import Literal
 from kvscale_engine.sampling_params import SamplingParams
 
 FinishReason = Literal["stop", "length", "abort"]
+DETOKENIZE_CONTEXT_TOKENS = 5  # prompt tokens the first decode window starts with (as vLLM)
 
 
 class SequenceStatus(Enum):
@@ -46,11 +47,13 @@ class Sequence:
         self.waiting_steps = 0
         self.finish_reason: FinishReason | None = None
         # detokenizer state: text decoded so far (a pending partial character included), the
-        # part of it that is final, and the token window the next decode starts from
+        # part of it that is final, and the window of `token_ids` the next decode starts from;
+        # the window opens on the prompt's last tokens, so the first output token is decoded in
+        # context (a SentencePiece tokenizer keeps the space before the first word)
         self.text = ""
         self.stable_text = ""
-        self.prefix_offset = 0
-        self.read_offset = 0
+        self.read_offset = self.num_prompt_tokens
+        self.prefix_offset = max(self.num_prompt_tokens - DETOKENIZE_CONTEXT_TOKENS, 0)
         self.num_emitted_chars = 0
 
     def __len__(self) -> int:

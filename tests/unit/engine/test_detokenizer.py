@@ -1,12 +1,16 @@
-"""Incremental text: stop strings are cut and never streamed, partial characters are held."""
+"""Incremental text: stop strings cut and never streamed, partial characters held, spaces kept."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence as Seq
 
+import pytest
+import tokenizers
+
 from kvscale_engine.detokenizer import Detokenizer
 from kvscale_engine.sampling_params import SamplingParams
 from kvscale_engine.sequence import Sequence
+from kvscale_engine.tokenizer import Tokenizer
 
 EOS = 0
 
@@ -67,3 +71,50 @@ def test_eos_stop_ids_and_length() -> None:
     assert detok(seq) is None
     seq.append_token(67)
     assert detok(seq) == "length"  # max_model_len
+
+
+def _metaspace_tokenizer() -> Tokenizer:
+    """A SentencePiece-style BPE (Metaspace, as Llama-2 and Mistral) trained on a few lines."""
+    backend = tokenizers.Tokenizer(tokenizers.models.BPE(unk_token="<unk>"))
+    backend.pre_tokenizer = tokenizers.pre_tokenizers.Metaspace()
+    backend.decoder = tokenizers.decoders.Metaspace()
+    trainer = tokenizers.trainers.BpeTrainer(
+        vocab_size=300, special_tokens=["<unk>", "<s>", "</s>"], show_progress=False
+    )
+    corpus = [
+        "The capital of France is Paris.",
+        "The capital of Italy is Rome, and the capital of Spain is Madrid.",
+        "Paris is a city in France; Rome is a city in Italy.",
+    ] * 20
+    backend.train_from_iterator(corpus, trainer)
+    return Tokenizer(backend, backend.token_to_id("</s>"))
+
+
+@pytest.mark.parametrize(
+    ("prompt", "completion"),
+    [
+        ("The capital of France is", " Paris, and the capital of Italy is Rome."),
+        ("The capital of", " Spain is Madrid."),
+        ("Rome is a city in", " Italy; Paris is a city in France."),
+    ],
+)
+def test_sentencepiece_text_keeps_the_space_before_the_first_word(
+    prompt: str, completion: str
+) -> None:
+    tok = _metaspace_tokenizer()
+    prompt_ids = tok.encode(prompt)
+    output_ids = tok.encode(prompt + completion)[len(prompt_ids) :]
+    assert tok.encode(prompt + completion)[: len(prompt_ids)] == prompt_ids
+    expected = tok.decode(prompt_ids + output_ids)[len(tok.decode(prompt_ids)) :]
+    assert expected.startswith(" ")  # the tokenizer itself keeps the space in context
+
+    detok = Detokenizer(tok, tok.eos_token_id, max_model_len=100)
+    seq = Sequence("r", prompt_ids, SamplingParams(max_tokens=len(output_ids)))
+    streamed = []
+    for token in output_ids:
+        seq.append_token(token)
+        seq.finish_reason = detok(seq)
+        streamed.append(detok.emit(seq, finished=seq.finish_reason is not None))
+    assert seq.finish_reason == "length"
+    assert "".join(streamed) == expected  # what a streaming client reads
+    assert seq.text == expected  # what a non-streaming response holds

@@ -22,12 +22,15 @@ def make(num_blocks: int = 64, **overrides: Any) -> tuple[Scheduler, FakeRunner]
     return Scheduler(config, bm, clock=lambda: 0.0), FakeRunner(config.block_size)
 
 
-def add(s: Scheduler, rid: str, n: int, max_tokens: int = 4, priority: int = 0) -> Sequence:
+def add(
+    s: Scheduler, rid: str, n: int, max_tokens: int = 4, priority: int = 0, arrival: float = 0.0
+) -> Sequence:
     seq = Sequence(
         rid,
         [hash((rid, i)) % 50 for i in range(n)],
         SamplingParams(max_tokens=max_tokens),
         priority,
+        arrival,
     )
     s.add(seq)
     return seq
@@ -71,6 +74,30 @@ def test_newest_running_sequence_is_preempted_and_requeued_first() -> None:
     assert s.num_preemptions == 1
     assert new.status is SequenceStatus.WAITING and new.block_table == []
     assert s.waiting[0] is new and old.status is SequenceStatus.RUNNING
+
+
+def test_preemption_evicts_the_lowest_priority_before_a_newer_urgent_request() -> None:
+    s, runner = make(num_blocks=4)
+    batch = add(s, "batch", 7, max_tokens=8, priority=0, arrival=1.0)
+    step(s, runner)  # the batch request runs alone
+    urgent = add(s, "interactive", 7, max_tokens=8, priority=10, arrival=2.0)
+    step(s, runner)  # its prefill fills the pool
+    step(s, runner)  # the batch request's next token needs a third block
+    assert s.num_preemptions == 1
+    assert batch.status is SequenceStatus.WAITING and batch.block_table == []
+    assert urgent.status is SequenceStatus.RUNNING and urgent.num_output_tokens == 2
+
+
+def test_within_a_priority_the_newest_arrival_is_preempted() -> None:
+    s, runner = make(num_blocks=6)
+    old_batch = add(s, "old-batch", 7, max_tokens=8, priority=0, arrival=1.0)
+    new_batch = add(s, "new-batch", 7, max_tokens=8, priority=0, arrival=2.0)
+    step(s, runner)
+    urgent = add(s, "interactive", 7, max_tokens=8, priority=10, arrival=3.0)
+    step(s, runner)
+    step(s, runner)
+    assert s.num_preemptions == 1 and s.waiting[0] is new_batch
+    assert old_batch.status is urgent.status is SequenceStatus.RUNNING
 
 
 def test_higher_priority_is_admitted_first() -> None:
@@ -167,6 +194,8 @@ def test_every_admitted_sequence_finishes_within_budgets(
         if static and was_running:
             assert all(i.seq in was_running for i in batch.seqs), "static mode admitted mid-batch"
         check_block_invariants(s.block_manager, s.running)
+        for victim in (q for q in was_running if q.status is SequenceStatus.WAITING):
+            assert all(victim.priority <= q.priority for q in s.running), "preempted out of order"
         s.postprocess(batch, runner.run(batch), stop_at_length(64))
         check_block_invariants(s.block_manager, s.running)
     assert not s.has_unfinished(), "a sequence never finished"
