@@ -1,0 +1,115 @@
+"""`kvscale-router`: the OpenAI-compatible router in front of an endpoint's engine replicas.
+
+In a cluster: `kvscale-router --endpoint NAME [--namespace NS]` follows the endpoint's engine
+pods and its routing ConfigMap through the Kubernetes API. Locally: `--replicas a=URL,b=URL`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+import uvicorn
+
+from kvscale_router.admission import ClassConfigError, parse_traffic_classes
+from kvscale_router.config import RouterConfig
+from kvscale_router.picker import POLICIES
+from kvscale_router.replicas import ReplicaSource
+from kvscale_router.server import create_app
+from kvscale_router.static_source import StaticSource, parse_replicas
+
+ROUTER_PORT = 8080
+CLASSES_HELP = (
+    'JSON: [{"name": "interactive", "priority": 10, "maxConcurrency": 64, "maxQueue": 128, '
+    '"maxQueueWaitSeconds": 2}, ...]; the first is the default class'
+)
+SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="kvscale-router", description=__doc__)
+    p.add_argument("--host", default="0.0.0.0")
+    p.add_argument("--port", type=int, default=ROUTER_PORT)
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--endpoint", help="LLMEndpoint name: follow its pods and weights")
+    where.add_argument("--replicas", help="fixed replicas: [name=]http://host:port,...")
+    p.add_argument("--namespace", help="the endpoint's namespace (default: the pod's own)")
+    p.add_argument("--engine-port", type=int, default=8000)
+    p.add_argument("--weights-file", type=Path, help="with --replicas: weights JSON, re-read "
+                   "on SIGHUP")  # fmt: skip
+    p.add_argument("--block-size", type=int, default=16, help="the engine's KV block size")
+    p.add_argument("--max-blocks", type=int, default=32, help="prompt blocks hashed for affinity")
+    p.add_argument("--policy", choices=POLICIES, default="affinity")
+    p.add_argument("--epsilon", type=float, default=0.25, help="load bound: (1+e) x fair share")
+    p.add_argument("--warmup-seconds", type=float, default=10.0,
+                   help="a Ready pod without a published weight joins after this long")  # fmt: skip
+    p.add_argument("--max-pending", type=int, default=256,
+                   help="requests held while no replica is ready")  # fmt: skip
+    p.add_argument("--pending-timeout", type=float, default=120.0,
+                   help="seconds a request is held before 503")  # fmt: skip
+    p.add_argument("--max-attempts", type=int, default=3,
+                   help="replicas tried before the first byte")  # fmt: skip
+    p.add_argument("--traffic-classes", help=CLASSES_HELP)
+    p.add_argument("--drain-seconds", type=float, default=30.0,
+                   help="on SIGTERM, how long in-flight requests may finish")  # fmt: skip
+    p.add_argument("--log-level", default="info")
+    return p
+
+
+def namespace(explicit: str | None) -> str:
+    if explicit:
+        return explicit
+    if os.environ.get("POD_NAMESPACE"):
+        return os.environ["POD_NAMESPACE"]
+    if SERVICE_ACCOUNT_NAMESPACE.exists():
+        return SERVICE_ACCOUNT_NAMESPACE.read_text().strip()
+    return "default"
+
+
+def source_of(args: argparse.Namespace) -> ReplicaSource:
+    if args.replicas:
+        return StaticSource(parse_replicas(args.replicas), args.weights_file)
+    from kvscale_router.kube_source import KubeSource  # the Kubernetes client only when needed
+
+    return KubeSource(namespace(args.namespace), args.endpoint, args.engine_port)
+
+
+def router_config(args: argparse.Namespace) -> RouterConfig:
+    return RouterConfig(
+        block_size=args.block_size,
+        max_blocks=args.max_blocks,
+        policy=args.policy,
+        epsilon=args.epsilon,
+        warmup_s=args.warmup_seconds,
+        max_pending=args.max_pending,
+        pending_timeout_s=args.pending_timeout,
+        max_attempts=args.max_attempts,
+        traffic_classes=parse_traffic_classes(args.traffic_classes),
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+    try:
+        config, source = router_config(args), source_of(args)
+    except (ValueError, ClassConfigError) as exc:
+        parser.error(str(exc))
+    app = create_app(config, source)
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app, host=args.host, port=args.port, loop="uvloop", http="httptools",
+            access_log=False, log_level=args.log_level,
+            timeout_graceful_shutdown=int(args.drain_seconds),
+        )
+    )  # fmt: skip
+    server.run()
+    sys.exit(0 if server.started else 1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,67 @@
+"""Every metric the router exports, under `kvscale_router:`, in one registry per app."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+# the time the router itself adds: tenths of a millisecond up to a tenth of a second
+ADDED_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25)
+WAIT_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+
+
+class RouterMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        p = "kvscale_router:"
+        self.requests = Counter(
+            f"{p}requests", "Requests answered, by replica and HTTP status (replica is empty "
+            "when the router answered itself)", ["replica", "code"], registry=r)  # fmt: skip
+        self.picks = Counter(
+            f"{p}picks", "Replica picks, by replica and rule (affinity, ring, least_loaded, "
+            "round_robin)", ["replica", "rule"], registry=r)  # fmt: skip
+        self.retries = Counter(
+            f"{p}retries", "Requests sent again to another replica before their first byte",
+            ["reason"], registry=r)  # fmt: skip
+        self.refusals = Counter(
+            f"{p}refusals", "Requests the router refused, by reason and traffic class",
+            ["reason", "traffic_class"], registry=r)  # fmt: skip
+        self.upstream_errors = Counter(
+            f"{p}upstream_errors", "Replica failures, by replica and kind", ["replica", "kind"],
+            registry=r)  # fmt: skip
+        self.queue_depth = Gauge(
+            f"{p}queue_depth", "Requests waiting in the router's class queue", ["traffic_class"],
+            registry=r)  # fmt: skip
+        self.queue_wait = Histogram(
+            f"{p}queue_wait_seconds", "Time admitted requests waited in the class queue",
+            ["traffic_class"], buckets=WAIT_BUCKETS, registry=r)  # fmt: skip
+        self.pending_requests = Gauge(
+            f"{p}pending_requests", "Requests held while no replica is ready (scale-from-zero "
+            "demand)", registry=r)  # fmt: skip
+        self.pending_wait = Histogram(
+            f"{p}pending_wait_seconds", "Time requests were held until a replica was ready",
+            buckets=WAIT_BUCKETS, registry=r)  # fmt: skip
+        self.added = Histogram(
+            f"{p}added_latency_seconds", "Time the router adds before the request reaches a "
+            "replica plus relaying its first byte (queueing and holding excluded)",
+            buckets=ADDED_BUCKETS, registry=r)  # fmt: skip
+        self.in_flight = Gauge(
+            f"{p}in_flight", "Requests in flight, by replica", ["replica"], registry=r
+        )
+        self.outstanding_tokens = Gauge(
+            f"{p}outstanding_tokens", "Prompt plus requested output tokens in flight, by replica",
+            ["replica"], registry=r)  # fmt: skip
+        self.weight = Gauge(
+            f"{p}replica_weight", "The weight each known replica is routed with (0 = no new "
+            "requests)", ["replica"], registry=r)  # fmt: skip
+        self.routable = Gauge(f"{p}routable_replicas", "Replicas with a weight above 0", registry=r)
+
+        self._weighted: set[str] = set()
+
+    def show_weights(self, weights: dict[str, float]) -> None:
+        for name in self._weighted - set(weights):
+            self.weight.remove(name)
+        self._weighted = set(weights)
+        for name, value in weights.items():
+            self.weight.labels(name).set(value)
+        self.routable.set(sum(1 for w in weights.values() if w > 0))

@@ -1,0 +1,108 @@
+"""The router's ASGI app: the OpenAI routes it proxies, /health, /ready and /metrics.
+
+`create_app(config, source)` builds everything in the lifespan (no module-level state): the
+replica table, the source task that keeps it current, the picker, admission, the hold and one
+pooled HTTP client for the replicas.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+
+import httpx
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from kvscale_router import proxy
+from kvscale_router.admission import Admission
+from kvscale_router.config import RouterConfig
+from kvscale_router.hold import Hold
+from kvscale_router.metrics import RouterMetrics
+from kvscale_router.picker import Picker
+from kvscale_router.replicas import ReplicaSource, ReplicaTable
+
+log = logging.getLogger(__name__)
+
+
+def build_router(config: RouterConfig, client: httpx.AsyncClient) -> proxy.Router:
+    metrics = RouterMetrics()
+    table = ReplicaTable(config.warmup_s)
+    picker = Picker(config.policy, config.epsilon, config.index_capacity)
+
+    def forget(gone: set[str]) -> None:
+        for name in gone:
+            picker.removed(name)
+
+    table.on_removed(forget)
+    hold = Hold(table, metrics, config.max_pending, config.pending_timeout_s)
+    admission = Admission(config.traffic_classes)
+    return proxy.Router(config, table, picker, admission, hold, metrics, client)
+
+
+async def _follow(source: ReplicaSource, router: proxy.Router) -> None:
+    """Run the source for the app's lifetime; a crash is logged and the source restarted."""
+    while True:
+        try:
+            await source.run(router.table)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("Replica source %s failed; restarting it", source.description)
+            await asyncio.sleep(1.0)
+
+
+def create_app(config: RouterConfig, source: ReplicaSource) -> Starlette:
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        timeout = httpx.Timeout(None, connect=config.connect_timeout_s)
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
+        async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
+            app.state.router = build_router(config, client)
+            task = asyncio.create_task(_follow(source, app.state.router))
+            log.info("Router started with %s, policy %s", source.description, config.policy)
+            try:
+                yield
+            finally:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+
+    def router_of(request: Request) -> proxy.Router:
+        router: proxy.Router = request.app.state.router
+        return router
+
+    async def generate(request: Request) -> proxy.Reply:
+        return await proxy.generate(router_of(request), request)
+
+    async def models(request: Request) -> Response:
+        return await proxy.models(router_of(request), request)
+
+    async def health(request: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    async def ready(request: Request) -> Response:
+        """Ready once the replicas were listed: with none, requests are held, not refused."""
+        router = router_of(request)
+        synced = router.table.synced
+        body = {"synced": synced, "routable": len(router.table.routable())}
+        return JSONResponse(body, status_code=200 if synced else 503)
+
+    async def metrics(request: Request) -> Response:
+        router = router_of(request)
+        router.metrics.show_weights(router.table.weights())
+        return Response(generate_latest(router.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    routes = [
+        Route("/v1/completions", generate, methods=["POST"]),
+        Route("/v1/chat/completions", generate, methods=["POST"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/health", health, methods=["GET"]),
+        Route("/ready", ready, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+    ]
+    return Starlette(routes=routes, lifespan=lifespan)

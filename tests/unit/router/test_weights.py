@@ -1,0 +1,66 @@
+"""Published weights, the warm-up rule for unweighted pods, and the replica table."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvscale_router.replicas import Pod, ReplicaTable
+from kvscale_router.static_source import parse_replicas
+from kvscale_router.weights import (
+    Published,
+    WeightsError,
+    effective_weight,
+    from_configmap,
+    parse_weights,
+)
+
+
+def test_weights_parse_from_the_configmap_format() -> None:
+    published = parse_weights(
+        '{"weights": {"p-1": 0.5, "p-2": 0}, "updatedAt": "2026-01-01T00:00:00Z", "reason": "x"}'
+    )
+    assert published.weights == {"p-1": 0.5, "p-2": 0.0}
+    assert published.updated_at == "2026-01-01T00:00:00Z" and published.reason == "x"
+    assert from_configmap(None) is None and from_configmap({"weights.json": " "}) is None
+    assert from_configmap({"weights.json": '{"weights": {}}'}) == Published({})
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["nope", "[]", '{"weights": []}', '{"weights": {"a": "1"}}', '{"weights": {"a": 1.5}}',
+     '{"weights": {"a": -0.1}}', '{"weights": {"a": true}}', '{"weights": {"a": NaN}}'],
+)  # fmt: skip
+def test_bad_weights_are_refused(text: str) -> None:
+    with pytest.raises(WeightsError):
+        parse_weights(text)
+
+
+def test_unweighted_pods_join_after_the_warmup() -> None:
+    published = Published({"a": 0.3})
+    assert effective_weight("a", 0.0, published, 10) == 0.3
+    assert effective_weight("b", 9.9, published, 10) == 0.0
+    assert effective_weight("b", 10.0, published, 10) == 1.0
+    assert effective_weight("b", 10.0, None, 10) == 1.0
+
+
+def test_table_reports_routable_pods_and_the_next_warm_up() -> None:
+    now = [1000.0]
+    table = ReplicaTable(warmup_s=10, clock=lambda: now[0])
+    removed: list[set[str]] = []
+    table.on_removed(removed.append)
+    table.set_pods({"a": Pod("a", "http://a", 0.0), "b": Pod("b", "http://b", 995.0)})
+    assert table.routable() == {"a": 1.0}
+    assert table.next_warm_s() == pytest.approx(5.0)
+    now[0] = 1005.0
+    assert table.routable() == {"a": 1.0, "b": 1.0} and table.next_warm_s() is None
+    table.set_published(Published({"a": 0.0}))
+    assert table.routable() == {"b": 1.0}
+    table.set_pods({"b": table.pods["b"]})
+    assert removed == [{"a"}]
+
+
+def test_static_replicas_parse() -> None:
+    assert parse_replicas("a=http://h:1, http://h:2/") == {"a": "http://h:1", "h:2": "http://h:2"}
+    for bad in ("", "ftp://x", "a=http://h:1,a=http://h:2", "a=h:1"):
+        with pytest.raises(ValueError):
+            parse_replicas(bad)
