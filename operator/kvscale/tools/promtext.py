@@ -1,35 +1,23 @@
-"""Prometheus text exposition, parsed by one pure function (stdlib only).
+"""The load tester's view of /metrics: sample name -> {labels -> value}, and sums over labels.
 
-The load test reads an engine's /metrics before, during and after a run; it speaks HTTP only,
-so it parses the text itself instead of importing anything from the engine.
+The load test reads an engine's /metrics before, during and after a run; it speaks HTTP only.
+The text is parsed by the operator's one exposition parser (`prometheus_client`'s, lenient per
+line), so the load tester and the signals read /metrics alike.
 """
 
 from __future__ import annotations
 
-import re
+from kvscale.signals.exposition import Labels, parse_exposition
 
-Labels = tuple[tuple[str, str], ...]
-_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)")
-_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+__all__ = ["Labels", "parse_prometheus_text", "total"]
 
 
 def parse_prometheus_text(text: str) -> dict[str, dict[Labels, float]]:
     """sample name -> {sorted (label, value) pairs -> value}; comments and junk are skipped."""
-    samples: dict[str, dict[Labels, float]] = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        match = _SAMPLE.match(line)
-        if not match:
-            continue
-        name, raw_labels, raw_value = match.groups()
-        try:
-            value = float(raw_value)
-        except ValueError:
-            continue
-        labels = tuple(sorted((k, _unescape(v)) for k, v in _LABEL.findall(raw_labels or "")))
-        samples.setdefault(name, {})[labels] = value
-    return samples
+    return {
+        name: {point.labels: point.value for point in points}
+        for name, points in parse_exposition(text).items()
+    }
 
 
 def total(samples: dict[str, dict[Labels, float]], name: str, **match: str) -> float | None:
@@ -40,7 +28,3 @@ def total(samples: dict[str, dict[Labels, float]], name: str, **match: str) -> f
     return sum(
         v for labels, v in series.items() if all(dict(labels).get(k) == x for k, x in match.items())
     )
-
-
-def _unescape(value: str) -> str:
-    return value.replace(r"\"", '"').replace(r"\n", "\n").replace("\\\\", "\\")

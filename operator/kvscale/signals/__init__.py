@@ -1,0 +1,1 @@
+"""Signals: one typed snapshot per endpoint per tick, from a direct scrape or from Prometheus."""

@@ -1,0 +1,144 @@
+"""Parsing one replica's /metrics into a typed raw sample: our engine's and vLLM's versions."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kvscale.signals.contract import CounterKey, GaugeKey, HistogramKey
+from kvscale.signals.exposition import parse_exposition
+from kvscale.signals.raw import parse_replica
+from kvscale.signals.window import histogram_quantile
+
+FIXTURES = Path(__file__).parents[2] / "data" / "metrics"
+
+
+def fixture(name: str) -> str:
+    return (FIXTURES / name).read_text()
+
+
+@pytest.mark.parametrize("name", ["vllm_v0_6.txt", "vllm_v0_10.txt"])
+def test_vllm_versions_read_alike(name: str) -> None:
+    raw = parse_replica(fixture(name), scraped_at=100.0)
+    assert raw.missing() == ()
+    assert raw.taken_at == 100.0
+    assert raw.counters[CounterKey.PROMPT_TOKENS] == 48_200
+    assert raw.counters[CounterKey.GENERATION_TOKENS] == 21_000
+    assert raw.counters[CounterKey.PREEMPTIONS] == 2
+    assert raw.counters[CounterKey.SUCCESSES] == 100  # v0.10's 4 aborted requests left out
+    # v0.10 exports old and new names side by side: one is read, never both
+    assert raw.gauges[GaugeKey.KV_USAGE] == 0.8125
+    assert (raw.gauges[GaugeKey.RUNNING], raw.gauges[GaugeKey.WAITING]) == (7, 3)
+    ttft, itl = raw.histograms[HistogramKey.TTFT], raw.histograms[HistogramKey.ITL]
+    assert ttft.total == 100 and itl.total == 2_000
+    assert histogram_quantile(0.5, ttft) == pytest.approx(0.08 + 0.02 * 10 / 30)
+    assert histogram_quantile(0.99, ttft) == pytest.approx(1.75)
+    assert histogram_quantile(0.5, itl) == pytest.approx(0.02)
+    assert histogram_quantile(0.99, itl) == pytest.approx(0.1)
+
+
+def test_vllm_v0_6_has_a_hit_rate_gauge_and_no_created() -> None:
+    raw = parse_replica(fixture("vllm_v0_6.txt"), 0.0)
+    assert CounterKey.PREFIX_QUERIES not in raw.counters
+    assert raw.gauges[GaugeKey.PREFIX_HIT_RATE] == 0.4375
+    assert raw.started_at is None
+    assert len(raw.histograms[HistogramKey.TTFT].bounds) == 17  # V0's 16 bounds and +Inf
+
+
+def test_vllm_v0_10_prefers_new_spellings() -> None:
+    text = fixture("vllm_v0_10.txt")
+    raw = parse_replica(text, 0.0)
+    assert raw.counters[CounterKey.PREFIX_QUERIES] == 48_200
+    assert raw.counters[CounterKey.PREFIX_HITS] == 21_088
+    assert raw.started_at == 1.7285e9
+    assert len(raw.histograms[HistogramKey.TTFT].bounds) == 23  # V1's 22 bounds and +Inf
+    # only the deprecated spellings left: still read
+    old_only = "\n".join(
+        line
+        for line in text.splitlines()
+        if "kv_cache_usage_perc" not in line
+        and "vllm:prefix_cache" not in line
+        and "inter_token_latency" not in line
+    )
+    old = parse_replica(old_only, 0.0)
+    assert old.missing() == ()
+    assert old.gauges[GaugeKey.KV_USAGE] == 0.8125
+    assert old.counters[CounterKey.PREFIX_HITS] == 21_088
+    assert old.histograms[HistogramKey.ITL] == raw.histograms[HistogramKey.ITL]
+
+
+def test_our_engine() -> None:
+    raw = parse_replica(fixture("kvscale_engine.txt"), 0.0)
+    assert raw.missing() == ()
+    assert raw.counters[CounterKey.PROMPT_TOKENS] == 120
+    assert raw.counters[CounterKey.GENERATION_TOKENS] == 38
+    assert raw.counters[CounterKey.SUCCESSES] == 4
+    assert raw.counters[CounterKey.REFUSALS] == 0
+    assert raw.counters[CounterKey.PREFIX_HITS] == 48
+    assert raw.histograms[HistogramKey.TTFT].total == 4
+    assert raw.histograms[HistogramKey.ITL].total == 34
+    assert raw.started_at is not None
+
+
+def test_data_parallel_ranks_add_up_and_kv_takes_the_fullest() -> None:
+    text = """
+vllm:num_requests_running{engine="0",model_name="m"} 3
+vllm:num_requests_running{engine="1",model_name="m"} 4
+vllm:num_requests_waiting{engine="0",model_name="m"} 0
+vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.5
+vllm:kv_cache_usage_perc{engine="1",model_name="m"} 0.75
+vllm:prompt_tokens_total{engine="0",model_name="m"} 10
+vllm:prompt_tokens_total{engine="1",model_name="m"} 20
+vllm:generation_tokens{engine="0",model_name="m"} 5
+kvscale:admission_rejections_total{reason="queue_full"} 2
+kvscale:admission_rejections_total{reason="draining"} 7
+vllm:time_to_first_token_seconds_bucket{engine="0",le="0.1"} 1
+vllm:time_to_first_token_seconds_bucket{engine="0",le="+Inf"} 2
+vllm:time_to_first_token_seconds_bucket{engine="1",le="0.1"} 3
+vllm:time_to_first_token_seconds_bucket{engine="1",le="+Inf"} 3
+"""
+    raw = parse_replica(text, 5.0)
+    assert raw.gauges[GaugeKey.RUNNING] == 7
+    assert raw.gauges[GaugeKey.KV_USAGE] == 0.75
+    assert raw.counters[CounterKey.PROMPT_TOKENS] == 30
+    assert raw.counters[CounterKey.GENERATION_TOKENS] == 5  # a counter without _total
+    assert raw.counters[CounterKey.REFUSALS] == 2  # refusals of a draining replica left out
+    ttft = raw.histograms[HistogramKey.TTFT]
+    assert (ttft.bounds, ttft.counts) == ((0.1, float("inf")), (4.0, 5.0))
+    assert raw.missing() == ("vllm:inter_token_latency_seconds",)
+
+
+def test_missing_names_what_is_absent() -> None:
+    raw = parse_replica("python_gc_objects_collected_total 3\n", 1.0)
+    assert set(raw.missing()) == {
+        "vllm:prompt_tokens", "vllm:generation_tokens", "vllm:num_requests_running",
+        "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
+        "vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds",
+    }  # fmt: skip
+    assert raw.missing(router=True) == ("kvscale_router:pending_requests",)
+    router = parse_replica("kvscale_router:pending_requests 4\n", 1.0)
+    assert router.missing(router=True) == ()
+    assert router.gauges[GaugeKey.PENDING] == 4
+
+
+def test_a_malformed_line_costs_only_itself() -> None:
+    text = fixture("kvscale_engine.txt").replace(
+        "vllm:num_requests_waiting{", 'vllm:num_requests_waiting{broken="x} nonsense\nignored{'
+    )
+    raw = parse_replica(text, 0.0)
+    assert raw.counters[CounterKey.PROMPT_TOKENS] == 120
+    assert GaugeKey.WAITING not in raw.gauges
+    assert raw.missing() == ("vllm:num_requests_waiting",)
+
+
+def test_exporter_timestamps_date_the_sample() -> None:
+    raw = parse_replica("vllm:num_requests_running 1 1700000000000\n", scraped_at=1.8e9)
+    assert raw.taken_at == 1.7e9
+
+
+def test_exposition_keeps_labels_sorted_and_unescaped() -> None:
+    samples = parse_exposition('x_total{b="2",a="q\\"uote"} 1\n')
+    (point,) = samples["x_total"]
+    assert point.labels == (("a", 'q"uote'), ("b", "2"))
+    assert point.label("b") == "2" and point.label("c") is None
