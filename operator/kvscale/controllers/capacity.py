@@ -1,0 +1,390 @@
+"""The capacity control law: how many replicas an endpoint needs now. A pure function.
+
+`decide(history, spec, state, now)` reads one snapshot per capacity interval (oldest first; the
+last is the current one), the endpoint's spec and the small state the previous call returned, and
+returns the replica count with a reason code and a sentence. The operator and the simulator call
+exactly this code. The law:
+
+- measures demand in tokens: prompt + generated tokens/s, plus the queued backlog (waiting,
+  refused and router-held requests, at the mean tokens of a request) to be cleared in one interval;
+- forecasts that demand over the horizon a new replica needs to help (its measured start-up time
+  plus one interval) and sizes for the larger of forecast and now: ceil(demand·(1+headroom)/c),
+  where c is the per-replica capacity learned online (`replica_capacity`);
+- goes up at once when the endpoint is in trouble (queue growing, p99 TTFT above the SLO while
+  requests wait, KV cache above 0.9, preemptions rising): a panic step of up to double the ready
+  replicas per interval, counting replicas already starting;
+- goes down slowly: only after demand stayed low for `scaleDownStabilizationSeconds`, one replica
+  at a time, and only when N-1 replicas would carry the window's peak demand and the forecast with
+  the headroom and a further margin (the consolidation check that prevents 2<->1 oscillation);
+- scales to zero after `scaleToZeroAfterSeconds` of idleness when `minReplicas` is 0, and from
+  zero as soon as requests are held for it (the router's pending demand);
+- never adds more than one replica beyond those the scheduler could place;
+- holds its last decision when signals are missing, stale or unreachable: it never scales down
+  blind.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+from kvscale.api.v1alpha1 import LLMEndpointSpec
+from kvscale.controllers.forecast import Forecaster
+from kvscale.controllers.replica_capacity import Observation, ReplicaCapacity
+from kvscale.signals.snapshot import Snapshot
+
+DEFAULT_STARTUP_S = 120.0  # until a start-up has been measured
+DEFAULT_REQUEST_TOKENS = 1000.0  # tokens per request until one has been measured
+KV_FULL = 0.9
+SCALE_DOWN_MARGIN = 0.1  # N-1 replicas must carry the peak with this much to spare
+STARTUP_WEIGHT = 0.3  # EWMA weight of a newly measured start-up time
+
+
+@dataclass(frozen=True)
+class CapacityState:
+    """What the law remembers between calls; frozen and serialisable (kept in status)."""
+
+    desired: int | None = None
+    changed_at: float | None = None
+    low_since: float | None = None  # since when N-1 replicas would do
+    idle_since: float | None = None  # since when no tokens, requests or held requests
+    startup_s: float | None = None
+    forecaster: Forecaster = field(default_factory=Forecaster)
+    capacity: ReplicaCapacity = field(default_factory=ReplicaCapacity)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any] | None) -> CapacityState:
+        """Rebuilds a state from `to_dict()`; anything unreadable starts afresh."""
+        try:
+            data = dict(raw or {})
+            data["forecaster"] = Forecaster(**(data.get("forecaster") or {}))
+            data["capacity"] = ReplicaCapacity(**(data.get("capacity") or {}))
+            return cls(**data)
+        except TypeError:
+            return cls()
+
+
+@dataclass(frozen=True)
+class Decision:
+    desired: int
+    reason: str
+    message: str
+    state: CapacityState
+    demand_tokens_per_s: float = 0.0
+    forecast_tokens_per_s: float = 0.0
+    per_replica_tokens_per_s: float = 0.0
+    victim: str | None = None
+
+
+@dataclass(frozen=True)
+class _Tick:
+    """What one call derives before choosing (internal)."""
+
+    now: float
+    current: int
+    ready: int
+    demand: float
+    peak: float
+    forecast: float
+    capacity: float
+    horizon: float
+
+
+def request_tokens(snap: Snapshot, max_len: int) -> float:
+    """Mean prompt + generated tokens of a request, from the window's rates (at most a context)."""
+    if snap.successes_per_s > 0 and snap.tokens_per_s > 0:
+        return min(snap.tokens_per_s / snap.successes_per_s, float(max_len))
+    return min(DEFAULT_REQUEST_TOKENS, float(max_len))
+
+
+def demand(
+    snap: Snapshot,
+    prev: Snapshot | None,
+    interval_s: float,
+    clear_s: float | None = None,
+    max_len: int = 4096,
+) -> float:
+    """Tokens/s the endpoint is asked for.
+
+    Arrivals are what was served plus what joined the queue (a queue that shrank was served
+    from the backlog, so it counts against the served rate), plus what was refused; the backlog
+    still queued is to be cleared within `clear_s` (default: one interval).
+    """
+    per_request = request_tokens(snap, max_len)
+    queued = snap.waiting + snap.pending_requests
+    growth = 0.0
+    if prev is not None and prev.ok and snap.taken_at > prev.taken_at:
+        before = prev.waiting + prev.pending_requests
+        growth = (queued - before) / (snap.taken_at - prev.taken_at)
+    arrivals = max(0.0, snap.tokens_per_s + growth * per_request)
+    backlog = queued * per_request / (clear_s or interval_s)
+    return arrivals + snap.refusals_per_s * per_request + backlog
+
+
+def needed(tokens_per_s: float, capacity: float, headroom: float) -> int:
+    return math.ceil(tokens_per_s * (1 + headroom) / capacity - 1e-9) if tokens_per_s > 0 else 0
+
+
+def decide(
+    history: Sequence[Snapshot], spec: LLMEndpointSpec, state: CapacityState, now: float
+) -> Decision:
+    """The replica count for the endpoint now; see the module docstring for the law."""
+    snap = history[-1]
+    scaling = spec.scaling
+    current = snap.fleet.current
+    held = state.desired if state.desired is not None else current
+    interval = float(scaling.capacity_interval_seconds)
+    if not snap.ok or now - snap.taken_at > 3 * interval:
+        why = snap.message or f"the newest signals are {now - snap.taken_at:.0f} s old"
+        return _hold(held, spec, state, f"Signals unusable ({why}): holding {held} replicas")
+    state = _observe(snap, _previous(history), spec, state, now)
+    tick = _tick(history, spec, state, now)
+    want, reason, message = _choose(history, spec, state, tick)
+    # what this interval teaches about a replica's capacity sizes the next decisions, not this
+    # one: sizing stays monotone in demand
+    learned = replace(state, capacity=_learn_capacity(snap, spec, state.capacity))
+    return _finish(want, reason, message, history, spec, learned, tick)
+
+
+def _hold(held: int, spec: LLMEndpointSpec, state: CapacityState, message: str) -> Decision:
+    scaling = spec.scaling
+    desired = min(max(held, scaling.min_replicas), scaling.max_replicas)
+    est = state.capacity.value(scaling.replica_capacity_tokens_per_second)
+    return Decision(
+        desired,
+        "MetricsUnavailable",
+        message,
+        replace(state, desired=desired),
+        forecast_tokens_per_s=state.forecaster.level or 0.0,
+        per_replica_tokens_per_s=est,
+    )
+
+
+def _observe(
+    snap: Snapshot, prev: Snapshot | None, spec: LLMEndpointSpec, state: CapacityState, now: float
+) -> CapacityState:
+    """The forecaster and start-up time updated with this interval's demand and pods."""
+    interval = float(spec.scaling.capacity_interval_seconds)
+    startup = state.startup_s
+    if snap.fleet.startup_seconds is not None:
+        measured = snap.fleet.startup_seconds
+        startup = measured if startup is None else startup + STARTUP_WEIGHT * (measured - startup)
+    state = replace(state, startup_s=startup)
+    observed = demand(snap, prev, interval, _reaction_s(spec, state), spec.model.max_model_len)
+    return replace(state, forecaster=state.forecaster.observe(observed, now))
+
+
+def _reaction_s(spec: LLMEndpointSpec, state: CapacityState) -> float:
+    """How long a replica added now takes to help: its start-up time plus one interval.
+
+    A queued backlog is cleared over this time, by replicas that are or will be starting.
+    """
+    startup = state.startup_s if state.startup_s is not None else DEFAULT_STARTUP_S
+    return startup + spec.scaling.capacity_interval_seconds
+
+
+def _learn_capacity(
+    snap: Snapshot, spec: LLMEndpointSpec, capacity: ReplicaCapacity
+) -> ReplicaCapacity:
+    ready = snap.fleet.ready
+    if ready == 0:
+        return capacity
+    slo = spec.slo
+    ttft, itl = snap.latency.ttft_p99, snap.latency.itl_p99
+    within = None
+    if ttft is not None or itl is not None:
+        within = (ttft is None or ttft <= slo.ttft_p99_seconds) and (
+            itl is None or itl <= slo.itl_p99_seconds
+        )
+    saturated = snap.waiting > 0 or snap.preemptions_per_s > 0 or snap.kv_usage_max > KV_FULL
+    seen = Observation(snap.tokens_per_s / ready, within, saturated or snap.refusals_per_s > 0)
+    return capacity.learn(seen)
+
+
+def _tick(
+    history: Sequence[Snapshot], spec: LLMEndpointSpec, state: CapacityState, now: float
+) -> _Tick:
+    scaling = spec.scaling
+    interval = float(scaling.capacity_interval_seconds)
+    snap = history[-1]
+    reaction = _reaction_s(spec, state)
+    horizon = min(reaction, float(scaling.forecast_horizon_seconds))
+    recent = [
+        demand(s, p, interval, reaction, spec.model.max_model_len)
+        for p, s in zip([None, *history[:-1]], history, strict=True)
+        if s.ok and now - s.taken_at <= scaling.scale_down_stabilization_seconds
+    ]
+    now_demand = demand(snap, _previous(history), interval, reaction, spec.model.max_model_len)
+    peak = max([*recent, now_demand])
+    return _Tick(
+        now=now,
+        current=snap.fleet.current,
+        ready=snap.fleet.ready,
+        demand=now_demand,
+        peak=peak,
+        forecast=state.forecaster.predict(now + horizon) if horizon else now_demand,
+        capacity=state.capacity.value(scaling.replica_capacity_tokens_per_second),
+        horizon=horizon,
+    )
+
+
+def _panic(history: Sequence[Snapshot], spec: LLMEndpointSpec, tick: _Tick) -> str | None:
+    """Why the endpoint is in trouble right now, if it is."""
+    snap = history[-1]
+    prev = history[-2] if len(history) > 1 and history[-2].ok else None
+    queued = snap.waiting + snap.pending_requests
+    if prev is not None and queued > prev.waiting + prev.pending_requests and queued >= 1:
+        return "QueueGrowing"
+    ttft = snap.latency.ttft_p99
+    if (
+        ttft is not None
+        and ttft > spec.slo.ttft_p99_seconds
+        and (queued > 0 or snap.refusals_per_s)
+    ):
+        return "TTFTAboveSLO"
+    if snap.kv_usage_max > KV_FULL:
+        return "KVCacheFull"
+    if prev is not None and snap.preemptions_per_s > max(prev.preemptions_per_s, 0.0):
+        return "PreemptionsRising"
+    return None
+
+
+def _choose(
+    history: Sequence[Snapshot], spec: LLMEndpointSpec, state: CapacityState, tick: _Tick
+) -> tuple[int, str, str]:
+    scaling = spec.scaling
+    snap = history[-1]
+    load = max(tick.demand, tick.forecast)
+    want = needed(load, tick.capacity, scaling.headroom)
+    sizing = (
+        f"demand {tick.demand:.0f} tokens/s, forecast {tick.forecast:.0f} over "
+        f"{tick.horizon:.0f} s, {tick.capacity:.0f} tokens/s per replica"
+    )
+    if tick.current == 0:
+        if snap.pending_requests > 0 or tick.demand > 0:
+            return max(1, want), "ScaleFromZero", f"Requests are waiting for a replica ({sizing})"
+        return 0, "ScaledToZero", "No demand and no replicas"
+    panic = _panic(history, spec, tick)
+    if panic is not None:
+        # at least one more replica unless some are still starting; demand sizes the rest
+        starting = tick.current > tick.ready
+        target = max(want, tick.current if starting else tick.current + 1)
+        if target > tick.current:
+            return target, panic, f"{_PANIC_TEXT[panic]}: adding replicas at once ({sizing})"
+    if want > tick.current:
+        return want, "DemandForecast", f"Scaling up for {sizing}"
+    return _maybe_down(spec, state, tick, want, sizing)
+
+
+_PANIC_TEXT = {
+    "QueueGrowing": "Requests are queueing faster than they are served",
+    "TTFTAboveSLO": "p99 time to first token is above the SLO while requests wait",
+    "KVCacheFull": "A replica's KV cache is more than 90% full",
+    "PreemptionsRising": "Preemptions are rising",
+}
+
+
+def _maybe_down(
+    spec: LLMEndpointSpec, state: CapacityState, tick: _Tick, want: int, sizing: str
+) -> tuple[int, str, str]:
+    scaling = spec.scaling
+    idle_for = tick.now - state.idle_since if state.idle_since is not None else 0.0
+    idle_limit = scaling.scale_to_zero_after_seconds
+    zero_ok = scaling.min_replicas == 0 and idle_limit is not None and tick.demand == 0
+    if zero_ok and idle_for >= (idle_limit or 0):
+        return 0, "ScaleToZero", f"Idle for {idle_for:.0f} s: removing the last replicas"
+    n = tick.current
+    floor = max(scaling.min_replicas, 1)
+    if n <= floor:
+        return n, "Stable", f"At {n} replicas ({sizing})"
+    room = (n - 1) * tick.capacity * (1 - SCALE_DOWN_MARGIN)
+    fits = max(tick.peak, tick.forecast) * (1 + scaling.headroom) <= room
+    if not fits:
+        return n, "Stable", f"{n} replicas needed ({sizing})"
+    low_for = tick.now - state.low_since if state.low_since is not None else 0.0
+    if low_for < scaling.scale_down_stabilization_seconds:
+        return (
+            n,
+            "StabilizingDown",
+            (
+                f"{n - 1} replicas would carry the load; waiting "
+                f"{scaling.scale_down_stabilization_seconds - low_for:.0f} s more ({sizing})"
+            ),
+        )
+    return (
+        n - 1,
+        "Consolidating",
+        (
+            f"{n - 1} replicas carry the peak of the last "
+            f"{scaling.scale_down_stabilization_seconds} s with headroom ({sizing})"
+        ),
+    )
+
+
+def _finish(
+    want: int,
+    reason: str,
+    message: str,
+    history: Sequence[Snapshot],
+    spec: LLMEndpointSpec,
+    state: CapacityState,
+    tick: _Tick,
+) -> Decision:
+    scaling = spec.scaling
+    snap = history[-1]
+    fleet = snap.fleet
+    desired = min(max(want, scaling.min_replicas), scaling.max_replicas)
+    if desired != want:
+        bound = "AtMaxReplicas" if want > desired else "AtMinReplicas"
+        reason, message = bound, f"{message}; bounded to {desired} by the spec"
+    placed = fleet.current - fleet.unschedulable
+    if fleet.unschedulable and desired > placed + 1:
+        desired = min(max(placed + 1, scaling.min_replicas), scaling.max_replicas)
+        reason = "CapacityLimited"
+        message = (
+            f"{fleet.unschedulable} replica(s) cannot be scheduled ({fleet.unschedulable_reason}); "
+            f"holding at {desired}, one beyond what runs"
+        )
+    idle = tick.demand == 0 and snap.running == 0 and snap.pending_requests == 0
+    new_state = replace(
+        state,
+        desired=desired,
+        changed_at=tick.now if desired != state.desired else state.changed_at,
+        idle_since=_since(state.idle_since, tick.now) if idle else None,
+        low_since=_since(state.low_since, tick.now) if reason == "StabilizingDown" else None,
+    )
+    # not-ready pods go first when a ReplicaSet shrinks; a ready one must be drained beforehand
+    victim = _victim(snap) if 0 < desired < fleet.ready and desired < tick.current else None
+    return Decision(
+        desired,
+        reason,
+        message,
+        new_state,
+        demand_tokens_per_s=tick.demand,
+        forecast_tokens_per_s=tick.forecast,
+        per_replica_tokens_per_s=tick.capacity,
+        victim=victim,
+    )
+
+
+def _previous(history: Sequence[Snapshot]) -> Snapshot | None:
+    return history[-2] if len(history) > 1 else None
+
+
+def _since(start: float | None, now: float) -> float:
+    return now if start is None else start
+
+
+def _victim(snap: Snapshot) -> str | None:
+    """The replica to drain first: the least loaded, the newest among equals."""
+    if not snap.replicas:
+        return None
+    chosen = min(
+        snap.replicas, key=lambda r: (r.running + r.waiting, -(r.created_at or 0.0), r.pod)
+    )
+    return chosen.pod

@@ -1,0 +1,234 @@
+"""The capacity law as a pure function: scripted trajectories and Hypothesis properties."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+
+from capacity_plant import Plant, run, spec
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvscale.controllers.capacity import CapacityState, decide, needed
+from kvscale.signals.snapshot import Fleet, Latency, Problem, ReplicaSignals, Snapshot
+
+
+def counts(decisions: list) -> list[int]:  # type: ignore[type-arg]
+    return [d.desired for d in decisions]
+
+
+def reversals(desired: list[int], interval: float, window: float) -> int:
+    """Direction changes closer together than `window` seconds."""
+    steps = enumerate(itertools.pairwise(desired))
+    moves = [(i * interval, b - a) for i, (a, b) in steps if b != a]
+    return sum(
+        1
+        for (t1, m1), (t2, m2) in itertools.pairwise(moves)
+        if (m1 > 0) != (m2 > 0) and t2 - t1 < window
+    )
+
+
+def test_burst_scales_up_within_two_intervals_and_latency_recovers() -> None:
+    demands = [500.0] * 10 + [4000.0] * 15
+    decisions = run(demands, spec())
+    want = needed(4000, 1000, 0.2)  # 5
+    assert counts(decisions)[:10] == [1] * 10
+    assert max(counts(decisions)[10:12]) >= want
+    assert decisions[10].reason in ("QueueGrowing", "DemandForecast", "TTFTAboveSLO")
+    assert "tokens/s" in decisions[10].message
+    # the backlog drains once the new replicas are ready: no queue at the end
+    assert decisions[-1].reason not in ("QueueGrowing", "TTFTAboveSLO")
+    assert max(counts(decisions)) <= want + 2  # the panic step is bounded
+
+
+def test_quiet_scales_down_one_step_per_stabilization_window() -> None:
+    endpoint = spec()
+    demands = [4000.0] * 10 + [200.0] * 40
+    desired = counts(run(demands, endpoint, start=5))
+    quiet = desired[10:]
+    downs = [i for i, (a, b) in enumerate(itertools.pairwise(quiet)) if b < a]
+    assert quiet[-1] == 1
+    assert all(a - b <= 1 for a, b in itertools.pairwise(quiet))  # one step at a time
+    assert downs[0] >= 300 // 60 - 1  # not before the stabilization window
+    assert all(b - a >= 300 // 60 for a, b in itertools.pairwise(downs))
+
+
+def test_no_two_one_oscillation_near_the_boundary() -> None:
+    """Demand around what one replica carries: N-1 is re-checked against the window's peak."""
+    rng = random.Random(7)
+    demands = [rng.uniform(650, 900) for _ in range(120)]
+    desired = counts(run(demands, spec(), start=2))
+    assert reversals(desired, 60, 300) == 0
+    assert len({d for d in desired[20:]}) == 1
+
+
+def test_metrics_outage_holds_and_never_scales_down_blind() -> None:
+    demands = [3000.0] * 10 + [0.0] * 20
+    decisions = run(demands, spec(scaleDownStabilizationSeconds=60), outage=set(range(10, 30)))
+    assert {d.desired for d in decisions[10:]} == {decisions[9].desired}
+    assert all(d.reason == "MetricsUnavailable" for d in decisions[10:])
+
+
+def test_gpu_scarcity_adds_at_most_one_beyond_what_runs() -> None:
+    plant = Plant(gpu_slots=3)
+    decisions = run([20000.0] * 20, spec(), plant=plant)
+    # the first decision cannot know; once pods stay pending it holds one beyond what runs
+    assert counts(decisions)[0] == 10
+    assert max(counts(decisions)[1:]) <= 4
+    assert decisions[-1].reason == "CapacityLimited"
+    assert "cannot be scheduled" in decisions[-1].message
+    plant.gpu_slots = 100  # a node with GPUs joins
+    more = run([20000.0] * 6, spec(), plant=plant, start=4)
+    assert max(counts(more)) == 10  # back to what demand needs (bounded by maxReplicas)
+
+
+def test_scale_to_zero_after_idle_and_back_from_pending_demand() -> None:
+    endpoint = spec(minReplicas=0, scaleToZeroAfterSeconds=180)
+    decisions = run([300.0] * 3 + [0.0] * 8 + [400.0] * 4, endpoint)
+    desired = counts(decisions)
+    zero_at = desired.index(0)
+    assert decisions[zero_at].reason == "ScaleToZero"
+    assert (zero_at - 3) * 60 >= 180
+    back = desired.index(1, zero_at)
+    assert decisions[back].reason == "ScaleFromZero"
+    assert back == 11  # the first interval with held requests
+
+
+def test_learns_a_larger_capacity_than_its_prior() -> None:
+    endpoint = spec(replicaCapacityTokensPerSecond=400)
+    decisions = run([2400.0] * 60, endpoint, plant=Plant(capacity=1500))
+    assert decisions[-1].per_replica_tokens_per_s > 1000
+    assert decisions[-1].desired < needed(2400, 400, 0.2)
+
+
+def test_learns_a_smaller_capacity_from_violations() -> None:
+    endpoint = spec(replicaCapacityTokensPerSecond=3000, scaleDownStabilizationSeconds=60)
+    decisions = run([2400.0] * 40, endpoint, plant=Plant(capacity=700))
+    assert decisions[0].state.capacity.high == 700  # the first violation bounds it
+    assert decisions[-1].per_replica_tokens_per_s < 1.5 * 700  # far below the prior of 3000
+    assert decisions[-1].reason not in ("QueueGrowing", "TTFTAboveSLO")
+    assert decisions[-1].desired >= needed(2400, 700, 0.0)  # enough replicas for the load
+
+
+def test_state_round_trips_through_json() -> None:
+    decisions = run([500.0, 800.0, 3000.0, 2000.0], spec())
+    state = decisions[-1].state
+    again = CapacityState.from_dict(json.loads(json.dumps(state.to_dict())))
+    assert again == state
+    assert CapacityState.from_dict({"bogus": 1}) == CapacityState()
+
+
+# --- properties -------------------------------------------------------------------------
+
+replica = st.builds(
+    ReplicaSignals,
+    pod=st.sampled_from(["a", "b", "c", "d"]),
+    prompt_tokens_per_s=st.floats(0, 5000),
+    generation_tokens_per_s=st.floats(0, 5000),
+    running=st.floats(0, 64),
+    waiting=st.floats(0, 64),
+    kv_usage=st.floats(0, 1),
+    preemptions_per_s=st.floats(0, 5),
+    refusals_per_s=st.floats(0, 5),
+    successes_per_s=st.floats(0, 20),
+    latency=st.builds(
+        Latency,
+        ttft_p99=st.none() | st.floats(0, 20),
+        itl_p99=st.none() | st.floats(0, 2),
+    ),
+)
+
+
+@st.composite
+def snapshots(draw: st.DrawFn, at: float) -> Snapshot:
+    reps = tuple(draw(st.lists(replica, max_size=4)))
+    current = draw(st.integers(len(reps), 12))
+    return Snapshot(
+        taken_at=at,
+        window_s=60,
+        replicas=reps,
+        latency=reps[0].latency if reps else Latency(),
+        pending_requests=draw(st.floats(0, 10)),
+        fleet=Fleet(
+            current=current,
+            ready=len(reps),
+            unschedulable=draw(st.integers(0, current - len(reps))),
+        ),
+    )
+
+
+@st.composite
+def histories(draw: st.DrawFn) -> list[Snapshot]:
+    return [draw(snapshots(at=60.0 * i)) for i in range(draw(st.integers(1, 6)))]
+
+
+@settings(max_examples=300, deadline=None)
+@given(histories(), st.integers(0, 5), st.integers(0, 5))
+def test_never_outside_min_and_max(history: list[Snapshot], low: int, extra: int) -> None:
+    endpoint = spec(minReplicas=low, maxReplicas=max(low + extra, 1))
+    state = CapacityState()
+    for i in range(len(history)):
+        decision = decide(history[: i + 1], endpoint, state, history[i].taken_at)
+        assert endpoint.scaling.min_replicas <= decision.desired <= endpoint.scaling.max_replicas
+        state = decision.state
+
+
+def _scaled(snap: Snapshot, factor: float) -> Snapshot:
+    reps = tuple(
+        ReplicaSignals(
+            **{
+                **r.__dict__,
+                "prompt_tokens_per_s": r.prompt_tokens_per_s * factor,
+                "generation_tokens_per_s": r.generation_tokens_per_s * factor,
+            }
+        )
+        for r in snap.replicas
+    )
+    return Snapshot(**{**snap.__dict__, "replicas": reps})
+
+
+@settings(max_examples=300, deadline=None)
+@given(histories(), st.floats(1, 10))
+def test_monotone_in_demand(history: list[Snapshot], factor: float) -> None:
+    endpoint = spec(maxReplicas=50)
+    state = CapacityState()
+    for i in range(len(history) - 1):
+        state = decide(history[: i + 1], endpoint, state, history[i].taken_at).state
+    now = history[-1].taken_at
+    lower = decide(history, endpoint, state, now).desired
+    higher = decide([*history[:-1], _scaled(history[-1], factor)], endpoint, state, now).desired
+    assert higher >= lower
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.floats(100, 8000),
+    st.floats(0, 0.15),
+    st.integers(0, 2**32 - 1),
+    st.sampled_from([60, 300, 600]),
+)
+def test_no_reversal_within_the_window_under_noisy_flat_load(
+    level: float, noise: float, seed: int, window: int
+) -> None:
+    rng = random.Random(seed)
+    demands = [level * (1 + rng.uniform(-noise, noise)) for _ in range(80)]
+    endpoint = spec(scaleDownStabilizationSeconds=window, maxReplicas=20)
+    desired = counts(run(demands, endpoint, start=rng.randint(1, 12)))
+    settled = desired[3:]  # the first intervals size the endpoint from its start count
+    assert reversals(settled, 60, window) == 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(histories(), st.sampled_from(list(Problem)), st.integers(0, 12))
+def test_holds_when_signals_are_unusable(
+    history: list[Snapshot], problem: Problem, held: int
+) -> None:
+    endpoint = spec(minReplicas=0, maxReplicas=12)
+    state = CapacityState(desired=held)
+    bad = Snapshot(**{**history[-1].__dict__, "problem": problem})
+    decision = decide([*history[:-1], bad], endpoint, state, bad.taken_at)
+    assert decision.desired == held
+    assert decision.reason == "MetricsUnavailable"
+    stale = decide(history, endpoint, state, history[-1].taken_at + 3 * 60 + 1)
+    assert stale.desired == held
