@@ -112,7 +112,7 @@ class Trouble:
     """Something that makes a snapshot untrustworthy, with the pods it concerns."""
 
     problem: Problem
-    what: str  # a sentence fragment: "metrics of llama-0 could not be read (timed out)"
+    what: str  # a sentence without its period: "Metrics of llama-0 could not be read (...)"
 
 
 def judged(
@@ -139,7 +139,7 @@ def judged(
         latency=latency,
         prefix_hit_rate=prefix_hit_rate,
         problem=problem,
-        message=message[:1].upper() + message[1:] if message else "",
+        message=message,
         pending_requests=pending,
     )
 
@@ -152,7 +152,7 @@ def _stale(target: Target, replicas: Sequence[ReplicaSignals]) -> list[Trouble]:
     return [
         Trouble(
             Problem.STALE,
-            f"the newest sample of {pods(old)} is {age:.0f} s old "
+            f"The newest sample of {replicas_named(old)} is {age:.0f} s old "
             f"(stale after {target.stale_after_s:.0f} s)",
         )
     ]
@@ -163,3 +163,8 @@ def pods(names: Sequence[str], limit: int = 3) -> str:
     shown = ", ".join(names[:limit])
     more = len(names) - limit
     return f"{shown} and {more} more" if more > 0 else shown
+
+
+def replicas_named(names: Sequence[str]) -> str:
+    """`replica a` or `replicas a, b`, to start a sentence about them."""
+    return f"{'replica' if len(names) == 1 else 'replicas'} {pods(names)}"

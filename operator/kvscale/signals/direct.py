@@ -1,0 +1,183 @@
+"""The embedded signal source: scrape every ready replica's /metrics, concurrently, each tick.
+
+No Prometheus needed. Every call reads all of `target.pods` at once (at most `max_concurrency`
+requests in flight, each with its own timeout), parses each answer into a `RawSample`, and keeps
+the samples of the last window per pod, so rates and quantiles cover `target.window_s` whatever
+the tick. A replica whose scrape fails this tick is carried on its last samples (an overloaded
+engine answers slowly, and that is when its numbers matter most) until they go stale; when no
+ready replica answers at all, the snapshot is `Unreachable`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import httpx
+
+from kvscale.signals.contract import GaugeKey
+from kvscale.signals.raw import RawSample, parse_replica
+from kvscale.signals.snapshot import Problem, Snapshot
+from kvscale.signals.source import PodAddress, SignalSource, Target, Trouble, judged, replicas_named
+from kvscale.signals.window import (
+    ReplicaWindow,
+    base_index,
+    endpoint_latency,
+    endpoint_prefix_hit_rate,
+    replica_window,
+)
+
+MAX_SAMPLES_PER_POD = 256  # bounds memory when ticks are much shorter than the window
+
+
+@dataclass(frozen=True)
+class Scraped:
+    """One pod's answer this tick: a sample, or why there is none."""
+
+    pod: str
+    sample: RawSample | None
+    error: str = ""
+
+
+class DirectScrape(SignalSource):
+    """Reads replicas over HTTP. Construct once per loop and reuse it: it remembers samples.
+
+    `DirectScrape(timeout_s=5.0, max_concurrency=64)`; pass `client` to share an
+    `httpx.AsyncClient` (it is then not closed here) and `clock` to control sample times.
+    """
+
+    def __init__(
+        self,
+        *,
+        timeout_s: float = 5.0,
+        max_concurrency: int = 64,
+        client: httpx.AsyncClient | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if timeout_s <= 0 or max_concurrency < 1:
+            raise ValueError("timeout_s must be positive and max_concurrency at least 1")
+        self._timeout = timeout_s
+        self._limit = asyncio.Semaphore(max_concurrency)
+        self._owns_client = client is None
+        self._client = client or httpx.AsyncClient(
+            timeout=timeout_s,
+            limits=httpx.Limits(
+                max_connections=max_concurrency, max_keepalive_connections=max_concurrency
+            ),
+        )
+        self._clock = clock
+        self._samples: dict[tuple[str, str], dict[str, list[RawSample]]] = {}
+
+    async def snapshot(self, target: Target, now: float) -> Snapshot:
+        engines, routers = await asyncio.gather(
+            asyncio.gather(*(self._scrape(target, pod) for pod in target.pods)),
+            asyncio.gather(*(self._scrape(target, pod) for pod in target.routers)),
+        )
+        windows, troubles = self._windows(target, engines, now)
+        pending, router_troubles = _pending(routers)
+        if not target.pods:
+            troubles += router_troubles
+        return judged(
+            target,
+            now,
+            [w.signals() for w in windows],
+            endpoint_latency(windows),
+            endpoint_prefix_hit_rate(windows),
+            pending,
+            troubles,
+        )
+
+    def forget(self, namespace: str, endpoint: str) -> None:
+        self._samples.pop((namespace, endpoint), None)
+
+    async def aclose(self) -> None:
+        if self._owns_client:
+            await self._client.aclose()
+
+    async def _scrape(self, target: Target, pod: PodAddress) -> Scraped:
+        url = f"{pod.base_url}{target.metrics_path}"
+        async with self._limit:
+            try:
+                response = await self._client.get(url, timeout=self._timeout)
+                response.raise_for_status()
+            except httpx.HTTPError as err:
+                return Scraped(pod.name, None, _describe(err, self._timeout))
+            return Scraped(pod.name, parse_replica(response.text, self._clock()))
+
+    def _windows(
+        self, target: Target, scraped: list[Scraped], now: float
+    ) -> tuple[list[ReplicaWindow], list[Trouble]]:
+        """Remember this tick's samples; one window per replica that has one."""
+        store = self._samples.setdefault(target.key, {})
+        for name in set(store) - {s.pod for s in scraped}:
+            del store[name]  # no longer ready: its history would only mislead a later window
+        failed = [s for s in scraped if s.sample is None]
+        incomplete: dict[str, tuple[str, ...]] = {}
+        windows, unread, no_window = [], [], []
+        for result in scraped:
+            history = store.setdefault(result.pod, [])
+            if result.sample is not None:
+                if gone := result.sample.missing():
+                    incomplete[result.pod] = gone
+                history.append(result.sample)
+                del history[: base_index(history, target.window_s)]
+                del history[:-MAX_SAMPLES_PER_POD]
+            if not history:
+                unread.append(result.pod)
+                continue
+            window = replica_window(result.pod, history, target.window_s, now)
+            if window is None:
+                no_window.append(result.pod)
+            else:
+                windows.append(window)
+        troubles = []
+        if failed and (len(failed) == len(scraped) or unread):
+            names = [s.pod for s in failed] if len(failed) == len(scraped) else unread
+            troubles.append(
+                Trouble(
+                    Problem.UNREACHABLE,
+                    f"Metrics of {replicas_named(names)} could not be read ({failed[0].error})",
+                )
+            )
+        if incomplete:
+            names = sorted(incomplete)
+            families = ", ".join(incomplete[names[0]])
+            troubles.append(
+                Trouble(Problem.MISSING, f"Metrics of {replicas_named(names)} lack {families}")
+            )
+        if no_window:
+            troubles.append(
+                Trouble(
+                    Problem.MISSING,
+                    f"Metrics of {replicas_named(sorted(no_window))} were read once so far: "
+                    "rates need a second reading",
+                )
+            )
+        return windows, troubles
+
+
+def _pending(routers: list[Scraped]) -> tuple[float, list[Trouble]]:
+    """Requests the routers hold for want of a ready replica, and what kept us from knowing."""
+    pending, troubles = 0.0, []
+    for r in routers:
+        if r.sample is None:
+            troubles.append(
+                Trouble(Problem.UNREACHABLE, f"Router {r.pod} could not be read ({r.error})")
+            )
+        elif GaugeKey.PENDING not in r.sample.gauges:
+            troubles.append(
+                Trouble(Problem.MISSING, f"Router {r.pod} lacks {r.sample.missing(True)[0]}")
+            )
+        else:
+            pending += r.sample.gauges[GaugeKey.PENDING]
+    return pending, troubles
+
+
+def _describe(err: httpx.HTTPError, timeout_s: float) -> str:
+    if isinstance(err, httpx.TimeoutException):
+        return f"no answer within {timeout_s:g} s"
+    if isinstance(err, httpx.HTTPStatusError):
+        return f"HTTP {err.response.status_code}"
+    return f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
