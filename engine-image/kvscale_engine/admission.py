@@ -4,7 +4,9 @@ Continuous batching admits everything, so a burst above capacity lands in the en
 every request's time to first token grows with it. Refusing early and fast (HTTP 429 with
 Retry-After) keeps the p99 of the requests that are admitted inside the SLO and lets a router or
 client go elsewhere. The replica-wide concurrency limit is the number of requests whose KV cache
-fits in the budget; each class has its own limit, queue bound and maximum queue wait.
+fits in the budget at the expected length of a request (measured, not `max_model_len`: the
+engine's preemption absorbs the long tail); each class has its own limit, queue bound and maximum
+queue wait.
 
 Pure logic: time is passed in, nothing here blocks or sleeps. Higher `priority` is served first,
 as in the LLMEndpoint spec and the engine's scheduler.
@@ -136,6 +138,13 @@ class AdmissionController:
         queue.append(_Waiter(ticket, traffic_class, now, self._ahead(traffic_class) + 1))
         return Verdict("queue")
 
+    def set_limit(self, limit: int | None, now: float) -> list[int]:
+        """Change the replica-wide limit; returns the queued tickets a higher limit starts."""
+        if limit is not None and limit < 1:
+            raise AdmissionConfigError(f"concurrency limit must be >= 1, got {limit}")
+        self.limit = limit
+        return self.dispatch(now)
+
     def release(self, ticket: int, now: float) -> list[int]:
         """An admitted request finished; returns the queued tickets that may start now."""
         running = self._running.pop(ticket)
@@ -191,6 +200,9 @@ class AdmissionController:
     def start_draining(self) -> None:
         self.draining = True
 
+    def stop_draining(self) -> None:
+        self.draining = False
+
     @property
     def in_flight(self) -> int:
         return len(self._running)
@@ -204,13 +216,16 @@ class AdmissionController:
         return {c.name: (len(self._queues[c.name]), self._per_class[c.name]) for c in self.classes}
 
     def _queue_bound(self, cls: TrafficClass) -> int:
-        """The class's bound; none until a service time is known.
+        """The class's bound; for a cold replica, one more wave of the class's slots at most.
 
-        A cold replica cannot predict waits yet: a queue admitted blind would time out slowly
-        instead of being refused fast, so until its first request completes it refuses beyond
-        its concurrency limit.
+        A cold replica (one just added for a burst) cannot predict waits yet. Refusing everything
+        beyond its limit would turn the burst it was added for away; queueing blind could let
+        waits run long. One wave is the conservative middle: those requests start as soon as the
+        running ones finish, and the class's deadline still bounds their wait.
         """
-        return cls.max_queue if self._service.mean_s is not None else 0
+        if self._service.mean_s is not None:
+            return cls.max_queue
+        return min(cls.max_queue, self._slots(cls))
 
     def _slots(self, cls: TrafficClass) -> int:
         limits = [x for x in (self.limit, cls.max_concurrency) if x is not None]
@@ -227,11 +242,45 @@ class AdmissionController:
 
 
 def derive_concurrency_limit(
-    num_kv_blocks: int, block_size: int, max_model_len: int, max_num_seqs: int
+    num_kv_blocks: int, block_size: int, tokens_per_request: float, max_num_seqs: int
 ) -> int:
-    """How many requests fit in the KV budget when each may grow to max_model_len tokens."""
-    blocks_per_request = math.ceil(max_model_len / block_size)
+    """How many requests fit in the KV budget when each holds `tokens_per_request` tokens."""
+    blocks_per_request = max(1, math.ceil(tokens_per_request / block_size))
     return max(1, min(max_num_seqs, num_kv_blocks // blocks_per_request))
+
+
+@dataclass
+class KvFootprint:
+    """The expected KV tokens of one request, from what requests asked for and then what they used.
+
+    Until a request finishes, the mean of prompt + max_tokens of the requests seen (what they may
+    grow to); afterwards, the mean of prompt + generated tokens of finished ones (what they did
+    grow to). Before any request, `max_model_len`. A request's footprint grows from its prompt to
+    its final length, so its final length overstates what it holds on average: the estimate errs
+    on the safe side, and preemption covers requests longer than the mean.
+    """
+
+    max_model_len: int
+    alpha: float = 0.05
+    _asked: _Ewma = field(init=False)
+    _used: _Ewma = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._asked = _Ewma(self.alpha)
+        self._used = _Ewma(self.alpha)
+
+    def asked(self, tokens: int) -> None:
+        self._asked.observe(float(min(tokens, self.max_model_len)))
+
+    def used(self, tokens: int) -> None:
+        self._used.observe(float(min(tokens, self.max_model_len)))
+
+    @property
+    def expected_tokens(self) -> float:
+        for mean in (self._used.mean_s, self._asked.mean_s):
+            if mean is not None:
+                return mean
+        return float(self.max_model_len)
 
 
 def parse_duration_s(value: Any) -> float:

@@ -4,8 +4,10 @@
     kvscale-engine tiny-checkpoint DIR [--arch llama] [--seed 0]
 
 The flag names match the ones the operator renders into Deployments (and, where they overlap,
-vLLM's). SIGTERM drains first: readiness goes false, new requests get 503, admitted ones finish
-within --drain-timeout, then the process exits.
+vLLM's). The OpenAI API, probes and metrics listen on --port; POST /drain, GET /drain and
+POST /undrain only on --admin-port, which no Service exposes. SIGTERM: readiness goes false at
+once, requests that still arrive during --shutdown-grace (while endpoints update) are served, then
+new requests get 503, admitted ones finish within --drain-timeout, and the process exits.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import asyncio
 import logging
 import os
 import signal
+import socket
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -72,6 +75,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="admission control (on by default)",
     )  # fmt: skip
     serve.add_argument("--drain-timeout", type=float, default=30.0, help="seconds")
+    serve.add_argument(
+        "--shutdown-grace", type=float, default=5.0,
+        help="seconds after SIGTERM during which requests are still served (readiness false)",
+    )  # fmt: skip
+    serve.add_argument(
+        "--admin-port", type=int, default=8001,
+        help="port of POST /drain, GET /drain, POST /undrain (0: no admin port)",
+    )  # fmt: skip
     serve.add_argument("--max-body-bytes", type=int, default=4 * 1024 * 1024)
     serve.add_argument("--log-level", default="info")
     tiny = sub.add_parser("tiny-checkpoint", help="write the tiny seeded test checkpoint")
@@ -98,6 +109,8 @@ def build_server(args: argparse.Namespace) -> DrainingServer:
     from kvscale_engine.server_config import ServerConfig
 
     cfg = engine_config(args)
+    if args.admin_port == args.port:
+        raise ConfigError(f"--admin-port must differ from --port ({args.port})")
     server_cfg = ServerConfig(
         served_model_name=args.served_model_name or Path(cfg.model_source).name or cfg.model,
         max_model_len=cfg.max_model_len,
@@ -106,6 +119,8 @@ def build_server(args: argparse.Namespace) -> DrainingServer:
         admission=args.admission,
         max_concurrency=args.max_concurrency,
         drain_timeout_s=args.drain_timeout,
+        shutdown_grace_s=args.shutdown_grace,
+        admin_port=args.admin_port or None,
         max_body_bytes=args.max_body_bytes,
     )
     app = create_app(lambda: LLMEngine(cfg), server_cfg)
@@ -119,19 +134,39 @@ def build_server(args: argparse.Namespace) -> DrainingServer:
         access_log=False,
         timeout_graceful_shutdown=max(1, int(args.drain_timeout) + 5),
     )
-    return DrainingServer(config, app.state, args.drain_timeout)
+    return DrainingServer(config, app.state, server_cfg)
+
+
+def listen(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror}") from exc
+    sock.set_inheritable(True)
+    return sock
 
 
 class DrainingServer(uvicorn.Server):
-    """On the first SIGTERM, drain (readiness false, finish admitted work), then shut down."""
+    """On the first SIGTERM: readiness false, serve through the grace delay, drain, shut down."""
 
-    def __init__(self, config: uvicorn.Config, app_state: Any, drain_timeout_s: float) -> None:
+    def __init__(self, config: uvicorn.Config, app_state: Any, server_cfg: Any) -> None:
         super().__init__(config)
         self._app_state = app_state
-        self._drain_timeout_s = drain_timeout_s
+        self._drain_timeout_s: float = server_cfg.drain_timeout_s
+        self._grace_s: float = server_cfg.shutdown_grace_s
+        self._admin_port: int | None = server_cfg.admin_port
         self._loop: asyncio.AbstractEventLoop | None = None
         self._draining = False
         self._drain_task: asyncio.Task[None] | None = None
+
+    def listen(self) -> list[socket.socket]:
+        """Sockets for the API port and the admin port (when there is one)."""
+        ports = [self.config.port, self._admin_port]
+        return [listen(self.config.host, port) for port in ports if port]
 
     async def serve(self, sockets: Any = None) -> None:
         self._loop = asyncio.get_running_loop()
@@ -142,7 +177,11 @@ class DrainingServer(uvicorn.Server):
             super().handle_exit(sig, frame)
             return
         self._draining = True
-        log.info("Received SIGTERM: draining for up to %.0f s", self._drain_timeout_s)
+        log.info(
+            "Received SIGTERM: serving for %.1f s more, then draining for up to %.0f s",
+            self._grace_s,
+            self._drain_timeout_s,
+        )
         self._loop.call_soon_threadsafe(self._start_drain, sig, frame)
 
     def _start_drain(self, sig: int, frame: FrameType | None) -> None:
@@ -151,6 +190,9 @@ class DrainingServer(uvicorn.Server):
     async def _drain_then_exit(self, sig: int, frame: FrameType | None) -> None:
         state = getattr(self._app_state, "server", None)
         if state is not None:
+            state.begin_shutdown()
+            if not state.draining:  # nobody sends to a replica drained before
+                await asyncio.sleep(self._grace_s)  # endpoints and routers catch up meanwhile
             drained = await state.drain(self._drain_timeout_s)
             log.info("Drain %s; shutting down", "finished" if drained else "timed out")
         super().handle_exit(sig, frame)
@@ -174,10 +216,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         return
     try:
         server = build_server(args)
+        sockets = server.listen()
     except (ConfigError, AdmissionConfigError) as exc:
         print(f"kvscale-engine: error: {exc}", file=sys.stderr)
         raise SystemExit(2) from exc
-    server.run()
+    server.run(sockets)
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ class Admitted:
     traffic_class: TrafficClass
     arrival: float
     released: bool = False
+    used_tokens: int | None = None  # KV tokens its sequences reached, set when it ends
 
 
 @dataclass
@@ -32,6 +33,10 @@ class Track:
     last_token_at: float | None = None
     finished: bool = False
     final: RequestOutput | None = None
+
+    @property
+    def generated(self) -> int:
+        return len(self.final.output_token_ids) if self.final else 0
 
 
 @dataclass
@@ -66,8 +71,10 @@ class Generation:
         for request_id, track in self.tracks.items():
             if not track.finished:
                 self.engine_loop.abort(request_id)
-                generated = len(track.final.output_token_ids) if track.final else 0
-                self._finished(track, "abort", generated, None, now)
+                self._finished(track, "abort", track.generated, None, now)
+        self.admitted.used_tokens = sum(
+            self.num_prompt_tokens + t.generated for t in self.tracks.values()
+        )
         self.release(self.admitted)
 
     def _observe(self, track: Track, out: RequestOutput) -> None:

@@ -77,6 +77,7 @@ def create_app(engine: EngineSource, config: ServerConfig) -> FastAPI:
     app = FastAPI(title="kvscale engine", lifespan=lifespan)
     _add_error_handlers(app)
     _add_probe_routes(app)
+    _add_admin_routes(app)
     _add_openai_routes(app)
     return app
 
@@ -165,22 +166,13 @@ def _add_probe_routes(app: FastAPI) -> None:
         state = _state(request)
         if not state.healthy:
             return _error(500, "the engine failed", "server_error")
-        return JSONResponse({"status": "ok", "phase": state.phase})
+        return JSONResponse({"status": "ok", "phase": state.status})
 
     @app.get("/ready")
     async def ready(request: Request) -> Response:
         state = _state(request)
-        body = {"ready": state.ready, "phase": state.phase, "in_flight": state.active}
+        body = {"ready": state.ready, "phase": state.status, "in_flight": state.active}
         return JSONResponse(body, status_code=200 if state.ready else 503)
-
-    @app.api_route("/drain", methods=["GET", "POST"])
-    async def drain(request: Request) -> Response:
-        """Stop admitting (readiness goes false) and wait for in-flight work: a preStop hook."""
-        state = _state(request)
-        timeout = _float_param(request, "timeout", state.config.drain_timeout_s)
-        drained = await state.drain(timeout)
-        body = {"drained": drained, "in_flight": state.active, "phase": state.phase}
-        return JSONResponse(body, status_code=200 if drained else 503)
 
     @app.get("/metrics")
     async def metrics(request: Request) -> Response:
@@ -199,6 +191,46 @@ def _add_probe_routes(app: FastAPI) -> None:
             max_model_len=cfg.max_model_len,
         )
         return _json(ModelList(data=[card]))
+
+
+# admin: answered only on the admin port, which no Service exposes
+
+
+def _require_admin_port(request: Request) -> ServerState:
+    state = _state(request)
+    server = request.scope.get("server")
+    admin_port = state.config.admin_port
+    if admin_port is None or server is None or server[1] != admin_port:
+        raise HTTPException(404, "Not Found")
+    return state
+
+
+def _add_admin_routes(app: FastAPI) -> None:
+    @app.post("/drain")
+    async def drain(request: Request) -> Response:
+        """Readiness false, new requests refused; `?wait=S` answers once idle or after S s.
+
+        Idempotent. The body tells the in-flight count and whether it reached 0 (`drained`).
+        """
+        state = _require_admin_port(request)
+        wait = _float_param(request, "wait", 0.0)
+        state.start_draining()
+        if wait > 0:
+            await state.wait_idle(wait)
+        return JSONResponse(state.drain_status())
+
+    @app.get("/drain")
+    async def drain_status(request: Request) -> Response:
+        """The drain state and the in-flight count, changing nothing: what the operator polls."""
+        return JSONResponse(_require_admin_port(request).drain_status())
+
+    @app.post("/undrain")
+    async def undrain(request: Request) -> Response:
+        """Cancel a drain (an aborted scale-in); 409 once the process is shutting down."""
+        state = _require_admin_port(request)
+        if not state.stop_draining():
+            return _error(409, "the server is shutting down", "conflict", code="stopping")
+        return JSONResponse(state.drain_status())
 
 
 def _float_param(request: Request, name: str, default: float) -> float:
@@ -325,9 +357,10 @@ async def _serve(
 ) -> Response:
     state = _state(request)
     params = _sampling(state, body, len(prompt_ids))
+    kv_tokens = sum(len(prompt_ids) + p.max_tokens for p in params)
     try:
         admitted = await _unless_disconnected(
-            request, state.admit(request.headers.get(CLASS_HEADER))
+            request, state.admit(request.headers.get(CLASS_HEADER), kv_tokens)
         )
     except ClientGone:
         return Response(status_code=499)

@@ -2,6 +2,11 @@
 
 One `ServerState` lives on `app.state` for the life of the app. A request is first admitted
 (now, after a bounded wait, or refused), then becomes a `Generation` (generation.py).
+
+Draining (the operator's scale-in, or the end of a shutdown) turns readiness false and refuses new
+requests with 503 while admitted ones finish; an operator can cancel it. A shutdown (SIGTERM)
+turns readiness false first and keeps serving through a grace delay, while load balancers and
+routers stop sending, and only then drains; it cannot be cancelled.
 """
 
 from __future__ import annotations
@@ -13,7 +18,12 @@ import time
 from collections.abc import Callable
 from typing import Literal
 
-from kvscale_engine.admission import AdmissionController, TrafficClass, derive_concurrency_limit
+from kvscale_engine.admission import (
+    AdmissionController,
+    KvFootprint,
+    TrafficClass,
+    derive_concurrency_limit,
+)
 from kvscale_engine.engine_loop import EngineLoop, Item
 from kvscale_engine.generation import Admitted, Generation, Track
 from kvscale_engine.llm_engine import LLMEngine
@@ -25,7 +35,7 @@ from kvscale_engine.server_config import ServerConfig
 from kvscale_engine.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
-Phase = Literal["loading", "ready", "draining", "failed"]
+Phase = Literal["loading", "ready", "failed"]
 EngineSource = LLMEngine | Callable[[], LLMEngine]
 
 
@@ -52,8 +62,11 @@ class ServerState:
         self._idle = asyncio.Event()
         self._idle.set()
         self._counting = False  # engine counters before and during warm-up are not exported
+        self._footprint: KvFootprint | None = None  # set when the limit follows request lengths
         self.block_size = 1
         self.num_kv_blocks = 0
+        self.draining = False  # refusing new requests (POST /drain, or the end of a shutdown)
+        self.stopping = False  # SIGTERM received: readiness stays false for good
 
     # lifecycle
 
@@ -85,22 +98,65 @@ class ServerState:
         if self._engine_loop is not None:
             await self._engine_loop.stop()
 
-    async def drain(self, timeout_s: float) -> bool:
-        """Refuse new requests and wait for admitted and queued ones; True when none are left."""
-        if self.phase != "failed":
-            self.phase = "draining"
+    def start_draining(self) -> None:
+        """Readiness false, new requests refused with 503; admitted and queued ones finish."""
+        self.draining = True
         self.metrics.set_ready(False)
         if self._admission is not None:
             self._admission.start_draining()
+
+    def stop_draining(self) -> bool:
+        """Cancel a drain (an aborted scale-in); False when shutting down, which is final."""
+        if self.stopping:
+            return False
+        self.draining = False
+        if self._admission is not None:
+            self._admission.stop_draining()
+        self.metrics.set_ready(self.ready)
+        return True
+
+    def begin_shutdown(self) -> None:
+        """SIGTERM: readiness false at once; requests are still served until the drain starts."""
+        self.stopping = True
+        self.metrics.set_ready(False)
+
+    async def wait_idle(self, timeout_s: float) -> bool:
+        """Wait until no request is admitted or queued; True when none is left in time."""
         try:
             await asyncio.wait_for(self._idle.wait(), timeout_s)
         except TimeoutError:
             return False
         return True
 
+    async def drain(self, timeout_s: float) -> bool:
+        """Refuse new requests and wait for admitted and queued ones; True when none are left."""
+        self.start_draining()
+        return await self.wait_idle(timeout_s)
+
+    def drain_status(self) -> dict[str, object]:
+        queued = self._admission.queued if self._admission is not None else 0
+        return {
+            "draining": self.draining,
+            "in_flight": self._active,  # admitted or queued, not finished
+            "queued": queued,
+            "drained": self.draining and self._active == 0,
+            "phase": self.status,
+        }
+
+    @property
+    def status(self) -> str:
+        """The phase as probes report it: loading, ready, draining, stopping or failed."""
+        if self.phase == "failed" or not self.healthy:
+            return "failed"
+        if self.stopping:
+            return "stopping"
+        if self.draining:
+            return "draining"
+        return self.phase
+
     @property
     def ready(self) -> bool:
-        return self.phase == "ready" and self.healthy
+        return self.status == "ready"
 
     @property
     def healthy(self) -> bool:
@@ -136,11 +192,15 @@ class ServerState:
         if self.phase == "failed" or not self.healthy:
             raise Refused(503, "engine_failed", 30.0, "the engine failed; see /health")
 
-    async def admit(self, class_name: str | None) -> Admitted:
+    async def admit(self, class_name: str | None, kv_tokens: int) -> Admitted:
+        """Admit (or queue, or refuse) a request that may grow to `kv_tokens` KV tokens."""
         arrival = time.monotonic()
         self.require_loaded()
         admission = self.admission
         cls = admission.resolve(class_name)
+        if self._footprint is not None:
+            self._footprint.asked(kv_tokens)
+            self._retune(arrival)
         ticket = next(self._tickets)
         verdict = admission.offer(ticket, cls, arrival)
         if verdict.outcome == "reject":
@@ -158,13 +218,32 @@ class ServerState:
         if admitted.released:
             return
         admitted.released = True
-        for ticket in self.admission.release(admitted.ticket, time.monotonic()):
-            waiter = self._waiters.pop(ticket, None)
-            if waiter is not None and not waiter.done():
-                waiter.set_result(None)
+        now = time.monotonic()
+        self._wake(self.admission.release(admitted.ticket, now))
+        if self._footprint is not None and admitted.used_tokens is not None:
+            self._footprint.used(admitted.used_tokens)
+            self._retune(now)
         self._active -= 1
         if self._active == 0:
             self._idle.set()
+
+    def _wake(self, tickets: list[int]) -> None:
+        for ticket in tickets:
+            waiter = self._waiters.pop(ticket, None)
+            if waiter is not None and not waiter.done():
+                waiter.set_result(None)
+
+    def _retune(self, now: float) -> None:
+        """Follow the measured request length with the concurrency limit (when not pinned)."""
+        assert self._footprint is not None
+        limit = derive_concurrency_limit(
+            self.num_kv_blocks,
+            self.block_size,
+            self._footprint.expected_tokens,
+            self.config.max_num_seqs,
+        )
+        if limit != self.admission.limit:
+            self._wake(self.admission.set_limit(limit, now))
 
     async def _wait_in_queue(self, admitted: Admitted) -> None:
         cls = admitted.traffic_class
@@ -207,21 +286,32 @@ class ServerState:
         prompt_token_ids: list[int],
         params: list[SamplingParams],
     ) -> Generation:
-        loop = self.engine_loop
+        """Hand an admitted request to the engine; on any failure its slot is given back."""
         stream: asyncio.Queue[Item] = asyncio.Queue()
-        gen = Generation(loop, self.metrics, self.release, admitted, len(prompt_token_ids), stream)
-        base = new_id("req")
-        for index, p in enumerate(params):
-            request_id = f"{base}-{index}"
-            gen.tracks[request_id] = Track(index)
-            loop.add(
-                request_id,
-                prompt_token_ids,
-                p,
-                admitted.traffic_class.priority,
-                admitted.arrival,
-                stream=stream,
+        try:
+            loop = self.engine_loop
+            gen = Generation(
+                loop, self.metrics, self.release, admitted, len(prompt_token_ids), stream
             )
+        except BaseException:
+            self.release(admitted)
+            raise
+        base = new_id("req")
+        try:
+            for index, p in enumerate(params):
+                request_id = f"{base}-{index}"
+                gen.tracks[request_id] = Track(index)
+                loop.add(
+                    request_id,
+                    prompt_token_ids,
+                    p,
+                    admitted.traffic_class.priority,
+                    admitted.arrival,
+                    stream=stream,
+                )
+        except BaseException:
+            gen.close()  # aborts the choices already added and releases the slot
+            raise
         return gen
 
     def refresh_load_metrics(self) -> None:
@@ -255,10 +345,18 @@ class ServerState:
                 for c in cfg.traffic_classes
             )
             return AdmissionController(unlimited, None)
-        limit = cfg.max_concurrency or derive_concurrency_limit(
-            stats.num_total_blocks, stats.block_size, cfg.max_model_len, cfg.max_num_seqs
-        )
-        log.info("Admission limited concurrency to %d requests", limit)
+        if cfg.max_concurrency is not None:
+            limit = cfg.max_concurrency
+            log.info("Admission limited concurrency to %d requests", limit)
+        else:
+            self._footprint = KvFootprint(cfg.max_model_len)
+            limit = derive_concurrency_limit(
+                stats.num_total_blocks,
+                stats.block_size,
+                self._footprint.expected_tokens,
+                cfg.max_num_seqs,
+            )
+            log.info("Admission starts at %d requests and follows request lengths", limit)
         return AdmissionController(cfg.traffic_classes, limit)
 
     def _cache_info(self, stats: EngineStats) -> dict[str, str]:

@@ -10,14 +10,21 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvscale.api import v1alpha1 as api
-from kvscale.engine_args import DRAIN_SECONDS, ENDPOINTS, ENGINE_PORT, MODEL_MOUNT, engine_args
+from kvscale.engine_args import (
+    DRAIN_SECONDS,
+    ENDPOINTS,
+    ENGINE_PORT,
+    MODEL_MOUNT,
+    SHUTDOWN_GRACE_SECONDS,
+    engine_args,
+)
 
 JSON = dict[str, Any]
 
 MANAGED_BY = "kvscale"
 ENDPOINT_LABEL = "kvscale.io/endpoint"
 ROLE_LABEL = "kvscale.io/role"
-GRACE_SECONDS = DRAIN_SECONDS + 15
+GRACE_SECONDS = SHUTDOWN_GRACE_SECONDS + DRAIN_SECONDS + 15
 
 
 @dataclass(frozen=True)
@@ -132,8 +139,8 @@ def _engine_container(spec: api.LLMEndpointSpec) -> JSON:
         },
         "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}, *mounts],
     }
-    if paths.drain:
-        container["lifecycle"] = {"preStop": {"httpGet": {"path": paths.drain, "port": "http"}}}
+    # no preStop hook: a hook's httpGet can only GET, and drain is POST-only; SIGTERM itself turns
+    # readiness false, serves through a grace delay, drains, then exits (within GRACE_SECONDS)
     return container
 
 

@@ -11,23 +11,36 @@ from dataclasses import dataclass
 
 from kvscale.api import v1alpha1 as api
 
-ENGINE_PORT = 8000
+ENGINE_PORT = 8000  # the OpenAI API, /ready, /health, /metrics (the Service's port)
+ADMIN_PORT = 8001  # the engine's /drain, /undrain: never behind a Service
+# The admin port's contract (pod IP only, no auth):
+#   POST /drain          readiness false, new requests 503; answers at once (idempotent)
+#   POST /drain?wait=S   the same, answering once in-flight reached 0 or after S seconds
+#   GET  /drain          changes nothing; what to poll
+#   POST /undrain        cancels a drain (an aborted scale-in); 409 once the pod got SIGTERM
+# Each answers 200 with {"draining": bool, "in_flight": int (admitted or queued, unfinished),
+# "queued": int, "drained": bool (draining and in_flight == 0), "phase": str}.
 MODEL_MOUNT = "/models"
 DRAIN_SECONDS = 30
+# after SIGTERM the engine still serves this long (readiness false) while endpoints update, then
+# drains for up to DRAIN_SECONDS; the pod's termination grace period covers both. ADMIN_PORT and
+# this are the engine's defaults (--admin-port, --shutdown-grace; a test checks they agree).
+SHUTDOWN_GRACE_SECONDS = 5
 
 
 @dataclass(frozen=True)
 class Endpoints:
-    """HTTP paths the kubelet probes; `drain` is called by the preStop hook when there is one."""
+    """HTTP paths: probes on ENGINE_PORT; drain and undrain on ADMIN_PORT (None: no such call)."""
 
     ready: str
     live: str
     drain: str | None
+    undrain: str | None
 
 
 ENDPOINTS = {
-    "kvscale": Endpoints(ready="/ready", live="/health", drain="/drain"),
-    "vllm": Endpoints(ready="/health", live="/health", drain=None),
+    "kvscale": Endpoints(ready="/ready", live="/health", drain="/drain", undrain="/undrain"),
+    "vllm": Endpoints(ready="/health", live="/health", drain=None, undrain=None),
 }
 
 

@@ -90,3 +90,5 @@ def assert_matches_hf(
         expected = hf.greedy(prompt, max_tokens)
         got = finals[str(index)].output_token_ids
         assert got == expected, f"request {index} (prompt of {len(prompt)} tokens) diverged"
+        # one token would only compare the prefill; decoding from the paged cache must agree too
+        assert len(got) > 1, f"request {index} stopped after {len(got)} token(s)"

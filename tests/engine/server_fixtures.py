@@ -29,6 +29,7 @@ BASE_ARGS = ("--max-model-len", "512", "--num-kv-blocks", "256", "--block-size",
 class LiveServer:
     process: subprocess.Popen[bytes]
     url: str
+    admin_url: str  # POST /drain, GET /drain, POST /undrain
     log_path: Path
 
     @property
@@ -74,19 +75,20 @@ def _ready(url: str, process: subprocess.Popen[bytes]) -> bool:
 @contextmanager
 def live_server(model_dir: Path, tmp_dir: Path, *args: str) -> Iterator[LiveServer]:
     port = free_port()
+    admin_port = next(p for p in iter(free_port, None) if p != port)
     url = f"http://127.0.0.1:{port}"
     log_path = tmp_dir / f"server-{port}.log"
     cmd = [
         sys.executable, "-m", "kvscale_engine.cli", "serve",
         "--model", str(model_dir), "--served-model-name", MODEL,
-        "--host", "127.0.0.1", "--port", str(port), "--device", "cpu",
-        *BASE_ARGS, *args,
+        "--host", "127.0.0.1", "--port", str(port), "--admin-port", str(admin_port),
+        "--device", "cpu", *BASE_ARGS, *args,
     ]  # fmt: skip
     # one torch thread, as the engine tier runs in-process: tiny models, shared CI cores
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     with log_path.open("wb") as log:
         process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
-    server = LiveServer(process, url, log_path)
+    server = LiveServer(process, url, f"http://127.0.0.1:{admin_port}", log_path)
     try:
         wait_for(lambda: _ready(url, process), 120, "the server to become ready")
         yield server

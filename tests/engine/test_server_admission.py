@@ -145,3 +145,51 @@ def test_missing_or_unknown_class_uses_the_default(server: LiveServer) -> None:
         30,
         "the slot to be released",
     )
+
+
+class _Stream(threading.Thread):
+    """A streaming request that holds its slot until stop(); records its status code."""
+
+    def __init__(self, server: LiveServer, body: dict[str, Any]) -> None:
+        super().__init__(daemon=True)
+        self.server, self.body = server, body
+        self.status: int | None = None
+        self._quit = threading.Event()
+
+    def run(self) -> None:
+        url = f"{self.server.api}/completions"
+        with httpx.stream("POST", url, json={**self.body, "stream": True}, timeout=120) as resp:
+            self.status = resp.status_code
+            for _ in resp.iter_lines():
+                if self._quit.is_set():
+                    return
+
+    def stop(self) -> None:
+        self._quit.set()
+        self.join(60)
+
+
+def test_default_concurrency_follows_request_lengths_not_max_model_len(
+    llama_dir: Path, tmp_path: Path
+) -> None:
+    # 1,024 blocks of 16 hold 4 requests of max_model_len 4,096: the old default limit. Requests
+    # that ask for ~1,000 tokens each fit 16 at a time, so 10 of them all run at once.
+    args = ("--max-model-len", "4096", "--num-kv-blocks", "1024")
+    with live_server(llama_dir, tmp_path, *args) as server:
+        body = {"model": MODEL, "prompt": "hold on", "max_tokens": 1000, "ignore_eos": True}
+        streams = [_Stream(server, body) for _ in range(10)]
+        for s in streams:
+            s.start()
+        try:
+            wait_for(
+                lambda: (
+                    _sample(server, "kvscale:admission_in_flight", traffic_class="default") == 10
+                ),
+                60,
+                "all ten requests to be admitted together",
+            )
+            assert _sample(server, "kvscale:admission_queue_depth", traffic_class="default") == 0
+        finally:
+            for s in streams:
+                s.stop()
+        assert [s.status for s in streams] == [200] * 10

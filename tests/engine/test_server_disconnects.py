@@ -18,7 +18,9 @@ async def _one(client: httpx.AsyncClient, url: str, i: int, rng: random.Random) 
         "model": MODEL, "prompt": f"Request {i}: the quick brown fox " * rng.randint(1, 6),
         "max_tokens": rng.randint(8, 48), "stream": True, "ignore_eos": True,
     }  # fmt: skip
-    if rng.random() < 0.25:  # some non-streaming requests too
+    if mode == "cut":  # far longer than the cut point: it cannot finish before its client leaves
+        body["max_tokens"] = 400
+    elif rng.random() < 0.25:  # some non-streaming requests too
         body["stream"] = False
     cut_after = rng.randint(0, 6)
 
@@ -75,7 +77,10 @@ def test_random_disconnects_free_every_block(llama_dir: Path, tmp_path: Path) ->
         aborted = metrics['vllm:request_success_total{engine="0",finished_reason="abort",'
                           'model_name="tiny-llama"}']  # fmt: skip
         assert in_flight == 0
-        assert aborted >= 1
+        # every stream cut mid-way was aborted in the engine; cancelled ones may have been
+        # refused before admission, and completed ones finished normally
+        cut, cancelled = outcomes.count("cut"), outcomes.count("cancelled")
+        assert cut >= 30 and cut <= aborted <= cut + cancelled, (cut, cancelled, aborted)
 
         # and it still serves
         ok = httpx.post(

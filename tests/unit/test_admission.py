@@ -7,6 +7,7 @@ import pytest
 from kvscale_engine.admission import (
     AdmissionConfigError,
     AdmissionController,
+    KvFootprint,
     TrafficClass,
     derive_concurrency_limit,
     parse_duration_s,
@@ -57,14 +58,36 @@ def test_fifo_within_a_class() -> None:
     assert [ac.release(t, 10.0 + t)[0] for t in (0, 1, 2)] == [1, 2, 3]
 
 
-def test_a_cold_controller_queues_nothing_until_it_can_predict() -> None:
+def test_a_cold_replica_queues_one_wave_then_refuses() -> None:
+    # a replica just added for a burst: no request has finished, so no wait can be predicted
     ac = controller(3, warm=False)
-    outcomes = [ac.offer(t, BATCH, 0.0) for t in range(5)]
-    assert [v.outcome for v in outcomes] == ["admit"] * 3 + ["reject"] * 2
+    outcomes = [ac.offer(t, BATCH, 0.0) for t in range(7)]
+    assert [v.outcome for v in outcomes] == ["admit"] * 3 + ["queue"] * 3 + ["reject"]
     assert outcomes[-1].reason == "queue_full"
-    ac.release(0, 2.0)  # now it can predict: the class bound applies
-    assert ac.offer(8, BATCH, 2.0).outcome == "admit"
-    assert ac.offer(9, BATCH, 2.0).outcome == "queue"
+    assert ac.release(0, 2.0) == [3]  # the queue drains as the first wave finishes
+    for t in (1, 2):
+        ac.release(t, 2.0)
+    assert ac.queued == 0
+    # warm now: the class's own bound (10) applies
+    assert [ac.offer(t, BATCH, 2.0).outcome for t in range(10, 14)] == ["queue"] * 4
+
+
+def test_a_cold_replica_never_queues_past_the_class_bound() -> None:
+    ac = controller(3, INTERACTIVE, warm=False)  # maxQueue 2 < one wave of 3
+    outcomes = [ac.offer(t, INTERACTIVE, 0.0).outcome for t in range(6)]
+    assert outcomes == ["admit"] * 3 + ["queue"] * 2 + ["reject"]
+
+
+def test_raising_the_limit_starts_queued_requests() -> None:
+    ac = controller(1)
+    ac.offer(0, BATCH, 0.0)
+    ac.offer(1, BATCH, 0.0)
+    ac.offer(2, BATCH, 0.0)
+    assert ac.set_limit(2, 1.0) == [1]
+    assert ac.set_limit(1, 1.0) == []  # lowering stops no one; new work waits
+    assert ac.offer(3, BATCH, 1.0).outcome == "queue" and ac.in_flight == 2
+    with pytest.raises(AdmissionConfigError):
+        ac.set_limit(0, 1.0)
 
 
 def test_per_class_concurrency_limit() -> None:
@@ -136,6 +159,22 @@ def test_limit_from_the_kv_budget(
     blocks: int, block_size: int, max_len: int, max_seqs: int, expected: int
 ) -> None:
     assert derive_concurrency_limit(blocks, block_size, max_len, max_seqs) == expected
+
+
+def test_footprint_follows_what_requests_ask_then_what_they_use() -> None:
+    fp = KvFootprint(max_model_len=4096)
+    assert fp.expected_tokens == 4096  # nothing seen yet: the contiguous worst case
+    fp.asked(1020 + 256)  # an Azure-conv-like request: prompt + max_tokens
+    assert fp.expected_tokens == 1276
+    fp.used(1020 + 129)  # it finished after 129 tokens
+    assert fp.expected_tokens == 1149
+    for _ in range(200):
+        fp.asked(4096)  # clients that never set max_tokens do not move the measured mean
+        fp.used(1100)
+    assert 1100 <= fp.expected_tokens < 1149
+    # a pool of 2,048 blocks of 16 holds 29 such requests instead of 8 at max_model_len
+    assert derive_concurrency_limit(2048, 16, fp.expected_tokens, 256) == 29
+    assert derive_concurrency_limit(2048, 16, 4096, 256) == 8
 
 
 def test_parse_traffic_classes_accepts_the_operators_json() -> None:

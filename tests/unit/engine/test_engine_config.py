@@ -68,3 +68,13 @@ def test_sampling_params_normalise_stops() -> None:
     params = SamplingParams(stop="###", stop_token_ids=[3, 4], temperature=0)
     assert params.stop == ("###",) and params.stop_token_ids == (3, 4)
     assert params.greedy and params.max_stop_len == 3
+
+
+def test_engine_defaults_match_what_the_operator_assumes() -> None:
+    """The operator drains a victim at ADMIN_PORT and sizes the grace period from these."""
+    from kvscale.engine_args import ADMIN_PORT, ENGINE_PORT, SHUTDOWN_GRACE_SECONDS
+    from kvscale_engine.cli import build_parser
+
+    args = build_parser().parse_args(["serve", "--model", "dummy:llama-tiny"])
+    assert (args.port, args.admin_port) == (ENGINE_PORT, ADMIN_PORT)
+    assert args.shutdown_grace == SHUTDOWN_GRACE_SECONDS

@@ -45,7 +45,9 @@ def test_deployment_requests_gpus_and_is_locked_down() -> None:
     )
     assert c["readinessProbe"]["httpGet"]["path"] == "/ready"
     assert c["livenessProbe"]["httpGet"]["path"] == "/health"
-    assert c["lifecycle"]["preStop"]["httpGet"]["path"] == "/drain"
+    assert "lifecycle" not in c  # SIGTERM drains; a preStop httpGet could only GET
+    grace = dep["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+    assert grace > float(c["args"][c["args"].index("--drain-timeout") + 1])
     annotations = dep["spec"]["template"]["metadata"]["annotations"]
     assert annotations["prometheus.io/scrape"] == "true"
     assert annotations["prometheus.io/port"] == "8000"

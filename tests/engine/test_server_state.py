@@ -1,0 +1,83 @@
+"""The server's admission bookkeeping around a real engine: no slot leaks, whatever fails."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+from kvscale_engine.llm_engine import LLMEngine
+from kvscale_engine.metrics import EngineMetrics
+from kvscale_engine.sampling_params import SamplingParams
+from kvscale_engine.server_config import ServerConfig
+from kvscale_engine.serving import ServerState
+
+PARAMS = SamplingParams(temperature=0.0, max_tokens=4)
+
+
+def _state() -> ServerState:
+    config = ServerConfig(served_model_name="tiny", max_model_len=512, max_concurrency=2)
+    return ServerState(config, EngineMetrics("tiny", 512, config.class_names, "0"))
+
+
+async def _fail_engine(state: ServerState, engine: LLMEngine) -> None:
+    """Make the next engine step raise, as an engine bug would, and wait for the loop to fail."""
+
+    def broken(*_: Any) -> list[int]:
+        raise RuntimeError("kernel exploded")
+
+    engine.model_runner.run = broken  # type: ignore[method-assign]
+    stream = state.engine_loop.add("victim", [1, 2, 3], PARAMS, 0, 0.0)
+    assert isinstance(await stream.get(), RuntimeError)
+
+
+def test_a_request_admitted_before_the_engine_failed_gives_its_slot_back(
+    make_engine: Callable[..., LLMEngine],
+) -> None:
+    async def scenario() -> None:
+        state = _state()
+        engine = make_engine()
+        await state.load(engine)
+        try:
+            admitted = await state.admit(None, 16)
+            assert state.admission.in_flight == 1
+            await _fail_engine(state, engine)
+            try:
+                state.generate(admitted, [5, 6, 7], [PARAMS, PARAMS])
+            except RuntimeError:
+                pass
+            else:
+                raise AssertionError("adding to a failed engine should raise")
+            assert state.admission.in_flight == 0 and state.active == 0
+            assert await state.wait_idle(1.0)  # a drain would not hang on a ghost request
+        finally:
+            await state.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_refused_engine_request_gives_its_slot_back(
+    make_engine: Callable[..., LLMEngine],
+) -> None:
+    """The engine refuses in its own thread (a prompt past the KV pool): the slot comes back."""
+
+    async def scenario() -> None:
+        state = _state()
+        await state.load(make_engine(num_kv_blocks=4))
+        try:
+            admitted = await state.admit(None, 16)
+            gen = state.generate(admitted, list(range(5, 100)), [PARAMS])
+            try:
+                async for _ in gen.events():
+                    pass
+            except ValueError as exc:
+                assert "KV blocks" in str(exc)
+            else:
+                raise AssertionError("the engine should refuse a prompt past its pool")
+            finally:
+                gen.close()
+            assert state.admission.in_flight == 0 and state.active == 0
+        finally:
+            await state.close()
+
+    asyncio.run(scenario())
