@@ -22,6 +22,7 @@ BENCHMARKS = {
     "kv_waste": "bench.kv_waste",
     "server_overhead": "bench.server_overhead",
     "admission": "bench.admission",
+    "operator_scale": "bench.operator_scale",
 }
 
 

@@ -88,10 +88,20 @@ def counter_sample_names(family: str) -> tuple[str, ...]:
     return (f"{family}_total", family)
 
 
-def sample_prefixes() -> tuple[str, ...]:
-    """Every sample name the contract may read starts with one of these (a cheap line filter)."""
-    names: list[str] = []
-    for table in (COUNTERS, GAUGES, HISTOGRAMS):
-        for spelling in table.values():
-            names.extend(spelling.names)
-    return tuple(names)
+def sample_names() -> frozenset[str]:
+    """Every sample name the contract reads: a line with any other name need not be parsed."""
+    names: set[str] = set()
+    for spelling in COUNTERS.values():
+        for family in spelling.names:
+            names.update(counter_sample_names(family))
+    for spelling in GAUGES.values():
+        names.update(spelling.names)
+    for spelling in HISTOGRAMS.values():
+        names.update(f"{family}_bucket" for family in spelling.names)
+    names.update(created_sample_names())
+    return frozenset(names)
+
+
+def created_sample_names() -> tuple[str, ...]:
+    """Where the counters' zero point is read: an engine creates all its series at start."""
+    return tuple(f"{family}_created" for family in COUNTERS[CounterKey.PROMPT_TOKENS].names)

@@ -7,7 +7,7 @@ own, so one malformed line costs that line, not the replica's whole sample.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -30,10 +30,10 @@ class Point:
 Exposition = dict[str, list[Point]]  # sample name (with _total/_bucket/...) -> its points
 
 
-def parse_exposition(text: str, prefixes: tuple[str, ...] | None = None) -> Exposition:
-    """Sample name -> points. With `prefixes`, only sample lines starting with one are read."""
-    if prefixes is not None:
-        lines = [line for line in text.splitlines() if line.startswith(prefixes)]
+def parse_exposition(text: str, names: Collection[str] | None = None) -> Exposition:
+    """Sample name -> points. With `names`, only sample lines of those names are parsed."""
+    if names is not None:
+        lines = [line for line in text.splitlines() if _name(line) in names]
         text = "\n".join(lines) + "\n"
     samples: Exposition = {}
     try:
@@ -47,6 +47,10 @@ def parse_exposition(text: str, prefixes: tuple[str, ...] | None = None) -> Expo
                 except ValueError:
                     continue
     return samples
+
+
+def _name(line: str) -> str:
+    return line.split("{", 1)[0].split(" ", 1)[0]
 
 
 def _collect(text: str, into: Exposition) -> None:

@@ -23,11 +23,13 @@ from kvscale.signals.contract import (
     HistogramKey,
     Spelling,
     counter_sample_names,
-    sample_prefixes,
+    created_sample_names,
+    sample_names,
 )
 from kvscale.signals.exposition import Exposition, Point, parse_exposition
 
-_PREFIXES = sample_prefixes()
+_NAMES = sample_names()
+_CREATED = created_sample_names()
 
 
 @dataclass(frozen=True)
@@ -81,7 +83,7 @@ class RawSample:
 
 def parse_replica(text: str, scraped_at: float) -> RawSample:
     """One /metrics text -> a raw sample; timestamps in the text win over `scraped_at`."""
-    exposition = parse_exposition(text, _PREFIXES)
+    exposition = parse_exposition(text, _NAMES)
     counters = {k: v for k, s in COUNTERS.items() if (v := _counter(exposition, s)) is not None}
     gauges = {k: v for k, s in GAUGES.items() if (v := _gauge(exposition, s)) is not None}
     histograms = {
@@ -138,12 +140,6 @@ def _histogram(exposition: Exposition, spelling: Spelling) -> Buckets | None:
 
 
 def _started_at(exposition: Exposition) -> float | None:
-    """The latest `_created` of the contract's counters and histograms: all count from then on."""
-    created = [
-        p.value
-        for table in (COUNTERS, HISTOGRAMS)
-        for spelling in table.values()
-        for family in spelling.names
-        for p in exposition.get(f"{family}_created", [])
-    ]
+    """When the counters began (`_created` of the prompt-token counter), if exported."""
+    created = [p.value for name in _CREATED for p in exposition.get(name, [])]
     return max(created) if created else None

@@ -78,7 +78,7 @@ async def test_unreachable_timeouts_and_errors() -> None:
         replicas["slow"].delay_s = 5
         replicas["broken"].status = 500
         gone = closed_port()
-        for pod, why in ((gone, "ConnectError"), (replicas["slow"].address, "within 0.3 s"),
+        for pod, why in ((gone, "Cannot connect"), (replicas["slow"].address, "within 0.3 s"),
                          (replicas["broken"].address, "HTTP 500")):  # fmt: skip
             snap = await source.snapshot(target(pod), time.time())
             assert snap.problem is Problem.UNREACHABLE
@@ -166,3 +166,17 @@ async def test_pods_that_left_are_forgotten() -> None:
 def without_created(replica: Replica) -> str:
     text = generate_latest(replica.metrics.registry).decode()
     return "\n".join(line for line in text.splitlines() if "_created" not in line) + "\n"
+
+
+async def test_a_short_window_does_not_cut_a_long_ones_history() -> None:
+    async with farm("a") as replicas, DirectScrape(clock=(clock := Clock())) as source:
+        a = replicas["a"]
+        t0 = clock.t
+        for step in range(7):  # a fast loop: every 10 s over 10 s
+            clock.t = t0 + 10 * step
+            a.metrics.observe_stats(stats(100 * step, 0))
+            assert (await source.snapshot(target(a.address, window=10), clock.t)).ok
+        slow = await source.snapshot(target(a.address, window=60), clock.t)
+        fast = await source.snapshot(target(a.address, window=10), clock.t)
+    assert slow.replicas[0].prompt_tokens_per_s == pytest.approx(600 / 60)
+    assert fast.replicas[0].prompt_tokens_per_s == pytest.approx(100 / 10)
