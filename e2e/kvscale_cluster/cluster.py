@@ -3,6 +3,7 @@ them by PID, so ``python -m kvscale_cluster down`` can stop a cluster another pr
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import shutil
@@ -16,6 +17,7 @@ from . import control_plane, netns, process
 from .binaries import k8s_bin_dir
 from .config import ClusterConfig, nodes_to_json
 from .kube_api import KubeApi
+from .kube_proxy import start_kube_proxy, wait_kube_proxy
 from .kubeconfig import write_kubeconfig
 from .pki import ADMIN_USER, create_pki
 from .prometheus import start_prometheus
@@ -23,6 +25,7 @@ from .wait import GiveUp, wait_for
 
 STOP_ORDER = (
     "kubelet",
+    "kube-proxy",
     "prometheus",
     "pod-discovery",
     "kube-scheduler",
@@ -45,6 +48,7 @@ class ClusterState:
     network: str
     slot: int
     prometheus_url: str | None = None
+    service_cidr: str = ""
     pids: dict[str, int] = field(default_factory=dict)
     start_seconds: float = 0.0
 
@@ -143,6 +147,7 @@ class Cluster:
             host_ip=network.host_ip,
             network=mode,
             slot=slot,
+            service_cidr=netns.service_cidr(slot),
         )
         cluster = cls(state)
         try:
@@ -165,8 +170,10 @@ class Cluster:
 
     def _start_components(self, config: ClusterConfig, bin_dir: Path) -> None:
         work, logs, host = self.directory, self.logs_dir, self.host_ip
-        pki = create_pki(work / "pki", sorted({host, "127.0.0.1", "10.96.0.1"}))
-        ep = control_plane.allocate(host)
+        cidr = self.state.service_cidr
+        kubernetes_ip = str(next(ipaddress.ip_network(cidr).hosts()))
+        pki = create_pki(work / "pki", sorted({host, "127.0.0.1", kubernetes_ip}))
+        ep = control_plane.allocate(host, cidr)
         self.state.api_url, self.state.ca_path = ep.api_url, str(pki.ca_cert)
         self.state.token = pki.admin_token
         write_kubeconfig(self.kubeconfig, ep.api_url, pki.ca_cert, pki.admin_token, ADMIN_USER)
@@ -195,6 +202,10 @@ class Cluster:
             logs,
         )
         self._record(kubelet)
+        if self.state.network == "netns":  # Services route only where pods have real addresses
+            proxy = start_kube_proxy(self.kubeconfig, logs, host)
+            self._record(proxy)
+            wait_kube_proxy(proxy, host)
         if config.prometheus:
             started, self.state.prometheus_url = start_prometheus(
                 self.kubeconfig, work / "prometheus", logs, host

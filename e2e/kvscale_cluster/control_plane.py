@@ -17,7 +17,6 @@ from .pki import Pki
 from .ports import free_port
 from .wait import GiveUp, wait_for
 
-SERVICE_CIDR = "10.96.0.0/16"
 ISSUER = "https://kubernetes.default.svc.cluster.local"
 CONTROLLERS = (
     "deployment-controller",
@@ -47,6 +46,7 @@ class Endpoints:
     api_url: str
     controller_manager_port: int
     scheduler_port: int
+    service_cidr: str
 
 
 def _get(url: str, token: str | None = None, ca: Path | None = None) -> bool:
@@ -68,8 +68,9 @@ def _ensure_running(component: process.Component) -> None:
         )
 
 
-def allocate(api_host: str) -> Endpoints:
+def allocate(api_host: str, service_cidr: str) -> Endpoints:
     return Endpoints(
+        service_cidr=service_cidr,
         etcd_url=f"http://127.0.0.1:{free_port()}",
         api_url=f"https://{api_host}:{free_port(api_host)}",
         controller_manager_port=free_port(),
@@ -123,7 +124,7 @@ def start_apiserver(
         f"--service-account-key-file={pki.sa_pub}",
         f"--service-account-signing-key-file={pki.sa_key}",
         f"--api-audiences={ISSUER}",
-        f"--service-cluster-ip-range={SERVICE_CIDR}",
+        f"--service-cluster-ip-range={ep.service_cidr}",
         f"--cert-dir={work / 'apiserver-certs'}",
         "--allow-privileged=true",
         # kubectl logs: the process kubelet serves them on the node's InternalIP
@@ -164,7 +165,7 @@ def start_controllers(
             f"--controllers={','.join(CONTROLLERS)}",
             f"--service-account-private-key-file={pki.sa_key}",
             f"--root-ca-file={pki.ca_cert}",
-            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            f"--service-cluster-ip-range={ep.service_cidr}",
             "--use-service-account-credentials=false",
         ],
         logs,

@@ -2,11 +2,15 @@
 
 Each cluster holds a *slot* N in 1..250 and owns subnet 10.244.N.0/24: the bridge ``kvsbrN`` has
 10.244.N.1 (the host side, where the API server and Prometheus also listen so pods reach them) and
-pods get 10.244.N.2-254. Nothing is routed off the machine: there is no NAT and no default route
-beyond the bridge. A slot's registry file lists the PIDs of the cluster that holds it; a slot whose
-PIDs are all dead belongs to a crashed run, and its namespaces, veths and bridge are removed
-before it is reused. Where namespaces cannot be made, ``LoopbackNetwork`` hands out distinct
-127.244.N.x addresses instead (EndpointSlices refuse those, so Services do not work there).
+pods get 10.244.N.2-254. The cluster's Service range 10.96.N.0/24 is routed as local on the bridge,
+so the host owns every ClusterIP (``kube_proxy.py`` listens there), and each pod's namespace gets
+a ``resolv.conf`` naming the cluster DNS on 10.244.N.1 (``ip netns exec`` bind-mounts
+``/etc/netns/<namespace>/resolv.conf`` over ``/etc/resolv.conf``). Nothing is routed off the
+machine: there is no NAT and no default route beyond the bridge. A slot's registry file lists
+the PIDs of the cluster that holds it; a slot whose PIDs are all dead belongs to a crashed run,
+and its namespaces, veths and bridge are removed before it is reused. Where namespaces cannot be
+made, ``LoopbackNetwork`` hands out distinct 127.244.N.x addresses instead (EndpointSlices refuse
+those, so Services do not work there).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import contextlib
 import fcntl
 import json
 import os
+import shutil
 import signal
 import subprocess
 from collections.abc import Iterator, Sequence
@@ -26,6 +31,7 @@ from typing import Any
 from .process import alive
 
 REGISTRY = Path(os.environ.get("KVSCALE_NET_REGISTRY", "/run/kvscale/slots"))
+NETNS_ETC = Path("/etc/netns")
 SLOTS = range(1, 251)
 
 
@@ -43,6 +49,11 @@ def ip(*args: str, check: bool = True) -> str:
 
 def bridge_name(slot: int) -> str:
     return f"kvsbr{slot}"
+
+
+def service_cidr(slot: int) -> str:
+    """The slot's Service (ClusterIP) range; its first address is the ``kubernetes`` Service's."""
+    return f"10.96.{slot}.0/24"
 
 
 def netns_name(slot: int, index: int) -> str:
@@ -87,11 +98,15 @@ def delete_netns(name: str) -> None:
         with contextlib.suppress(ProcessLookupError, ValueError):
             os.kill(int(pid), signal.SIGKILL)
     ip("netns", "del", name, check=False)
+    shutil.rmtree(NETNS_ETC / name, ignore_errors=True)
 
 
 def clean_slot(slot: int) -> None:
     """Remove every namespace, veth and the bridge of ``slot``."""
-    for name in _netns_names():
+    names = set(_netns_names())
+    if NETNS_ETC.is_dir():
+        names |= {p.name for p in NETNS_ETC.iterdir()}
+    for name in names:
         if name.startswith(f"kvs{slot}-"):
             delete_netns(name)
     for link in _link_names():
@@ -164,8 +179,8 @@ class PodNetwork(abc.ABC):
         return index
 
     @abc.abstractmethod
-    def attach(self) -> PodAddress:
-        """A new address (and namespace) for a pod."""
+    def attach(self, namespace: str = "default") -> PodAddress:
+        """A new address (and network namespace) for a pod of Kubernetes ``namespace``."""
 
     @abc.abstractmethod
     def detach(self, address: PodAddress) -> None:
@@ -184,8 +199,9 @@ class NetnsNetwork(PodNetwork):
         ip("link", "add", br, "type", "bridge")
         ip("addr", "add", f"{self.host_ip}/24", "dev", br)
         ip("link", "set", br, "up")
+        ip("route", "add", "local", service_cidr(self.slot), "dev", br)
 
-    def attach(self) -> PodAddress:
+    def attach(self, namespace: str = "default") -> PodAddress:
         index = self._next_index()
         ns, veth = netns_name(self.slot, index), veth_name(self.slot, index)
         pod_ip = f"10.244.{self.slot}.{index}"
@@ -198,6 +214,12 @@ class NetnsNetwork(PodNetwork):
         ip("-n", ns, "link", "set", "eth0", "up")
         ip("-n", ns, "link", "set", "lo", "up")
         ip("-n", ns, "route", "add", "default", "via", self.host_ip)
+        etc = NETNS_ETC / ns
+        etc.mkdir(parents=True, exist_ok=True)
+        search = f"{namespace}.svc.cluster.local svc.cluster.local cluster.local"
+        (etc / "resolv.conf").write_text(
+            f"nameserver {self.host_ip}\nsearch {search}\noptions ndots:5\n"
+        )
         return PodAddress(ip=pod_ip, netns=ns)
 
     def detach(self, address: PodAddress) -> None:
@@ -213,7 +235,7 @@ class LoopbackNetwork(PodNetwork):
     def host_ip(self) -> str:
         return "127.0.0.1"
 
-    def attach(self) -> PodAddress:
+    def attach(self, namespace: str = "default") -> PodAddress:
         return PodAddress(ip=f"127.244.{self.slot}.{self._next_index()}", netns=None)
 
     def detach(self, address: PodAddress) -> None:

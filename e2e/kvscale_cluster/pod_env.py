@@ -1,5 +1,6 @@
-"""A container's environment, resolved as the kubelet does: ``env`` (values, ``$(VAR)``
-expansion, ``fieldRef``, ``resourceFieldRef``, ConfigMap and Secret keys) and ``envFrom``."""
+"""A container's environment, resolved as the kubelet does: the Service variables of the pod's
+namespace (``enableServiceLinks``), ``envFrom`` and ``env`` (values, ``$(VAR)`` expansion,
+``fieldRef``, ``resourceFieldRef``, ConfigMap and Secret keys)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .kube_api import KubeApi, Obj
+from .service_table import service_env
 
 _VAR = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
 
@@ -91,9 +93,13 @@ def _source(api: KubeApi, namespace: str, kind: str, name: str, optional: bool) 
 def container_env(
     api: KubeApi, pod: Obj, container: Obj, base: Mapping[str, str], pod_ip: str, host_ip: str
 ) -> dict[str, str]:
-    """``base`` overlaid with the container's ``envFrom`` and then its ``env``."""
+    """``base`` overlaid with the namespace's Service variables, the container's ``envFrom`` and
+    then its ``env``."""
     namespace = pod["metadata"]["namespace"]
     env = dict(base)
+    if pod["spec"].get("enableServiceLinks", True):
+        services = api.get(f"/api/v1/namespaces/{namespace}/services")["items"]
+        env.update(service_env(services))
     for source in container.get("envFrom") or []:
         kind, ref = ("ConfigMap", source.get("configMapRef"))
         if ref is None:

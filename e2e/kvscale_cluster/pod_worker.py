@@ -160,7 +160,7 @@ class PodWorker(threading.Thread):
             self._event("Failed", str(error), "Warning")
             return False
         with self.ctx.network_lock:
-            self.address = self.ctx.network.attach()
+            self.address = self.ctx.network.attach(self.namespace)
         host_ip = self.ctx.network.host_ip
         while True:
             try:
