@@ -8,15 +8,19 @@
 # On an ordinary machine with Docker Hub, skip debootstrap:
 #     BASE_IMAGE=python:3.11-slim-bookworm engine-image/build-image.sh
 #
-# Environment: VARIANT=cpu|cuda (default cpu), TAG (default $VARIANT), BASE_IMAGE (default: the
+# Tags come from pyproject.toml's version, the tag the CRD's default engine image names:
+# kvscale/engine:<version> (the CUDA variant: <version>-cuda) and kvscale/operator:<version>.
+# Environment: VARIANT=cpu|cuda (default cpu), TAG (default as above), BASE_IMAGE (default: the
 # debootstrap image below), DEBIAN_MIRROR, CA_BUNDLE.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
 VARIANT=${VARIANT:-cpu}
-TAG=${TAG:-$VARIANT}
+VERSION=$(sed -n 's/^version = "\(.*\)"$/\1/p' pyproject.toml)
+[[ -n "$VERSION" ]] || { echo "[build-image] no version in pyproject.toml" >&2; exit 1; }
+if [[ "$VARIANT" == cpu ]]; then TAG=${TAG:-$VERSION}; else TAG=${TAG:-$VERSION-$VARIANT}; fi
 IMAGE=kvscale/engine
-OPERATOR_IMAGE=kvscale/operator:0.1.0
+OPERATOR_IMAGE=kvscale/operator:$VERSION
 SUITE=bookworm
 DEBOOTSTRAP_BASE=kvscale/debian-base:$SUITE
 BASE_IMAGE=${BASE_IMAGE:-$DEBOOTSTRAP_BASE}
@@ -82,7 +86,6 @@ main() {
     docker build --network host \
         --build-arg BASE_IMAGE="$BASE_IMAGE" --build-arg VARIANT="$VARIANT" \
         -f engine-image/Dockerfile -t "$IMAGE:$TAG" "$ctx"
-    [[ "$VARIANT" == cpu ]] && docker tag "$IMAGE:$TAG" "$IMAGE:latest"
     log "Built $IMAGE:$TAG"
     log "Building $OPERATOR_IMAGE from $BASE_IMAGE"
     docker build --network host --build-arg BASE_IMAGE="$BASE_IMAGE" \

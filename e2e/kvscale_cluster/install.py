@@ -1,7 +1,8 @@
 """Installs kvscale on a cluster from manifests/, as `make demo` and the e2e tests do.
 
-The local cluster runs no Prometheus Operator, so its ServiceMonitor CRD is installed first;
-everything else is `kubectl apply --server-side -k manifests/`, unchanged from a real cluster.
+`kubectl apply --server-side -k manifests/`, unchanged from a real cluster. The local cluster runs
+no Prometheus Operator, so the optional ServiceMonitor component is left out (its CRD is kept here
+for the control-plane test of manifests/components/servicemonitor).
 """
 
 from __future__ import annotations
@@ -18,13 +19,6 @@ Kubectl = Callable[..., object]
 
 def install_kvscale(kubectl: Kubectl) -> None:
     """Applies the manifests and waits for the operator to roll out."""
-    kubectl("apply", "--server-side", "-f", str(SERVICEMONITOR_CRD))
-    kubectl(
-        "wait",
-        "--for=condition=Established",
-        "--timeout=60s",
-        "crd/servicemonitors.monitoring.coreos.com",
-    )
     kubectl("apply", "--server-side", "-k", str(MANIFESTS))
     kubectl(
         "-n", "kvscale-system", "rollout", "status", "deployment/kvscale-operator", "--timeout=180s"

@@ -1,7 +1,13 @@
-"""manifests/ renders with kustomize, passes a server-side dry run, and its RBAC suffices."""
+"""manifests/ renders with kustomize, passes a server-side dry run, and its RBAC suffices.
+
+Three shapes: the cluster-wide base (`kubectl apply -k manifests/`, no Prometheus Operator
+needed), the base plus the optional ServiceMonitor component, and the namespaced overlay (a Role,
+`--namespace`).
+"""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -10,45 +16,42 @@ from endpoint_helpers import ROOT, endpoint, wait_available
 from kopf.testing import KopfRunner
 from kubernetes.config import kube_config
 
+from kvscale import __version__
 from kvscale.kube import Kube
 from kvscale_cluster.fixtures import kubectl
 from kvscale_cluster.install import SERVICEMONITOR_CRD
 
 NAMESPACE = "kvscale-system"
+BASE = ROOT / "manifests"
+WITH_SERVICEMONITOR = BASE / "overlays" / "prometheus-operator"
+NAMESPACED = BASE / "overlays" / "namespaced"
+SERVICEMONITOR_CRD_NAME = "crd/servicemonitors.monitoring.coreos.com"
+CLUSTER_SCOPED = {"customresourcedefinitions", "namespaces"}
 
 
-def rendered(cluster: Any) -> list[dict[str, Any]]:
-    out = kubectl(cluster, "kustomize", str(ROOT / "manifests")).stdout
+def rendered(cluster: Any, path: Path = BASE) -> list[dict[str, Any]]:
+    out = kubectl(cluster, "kustomize", str(path)).stdout
     return list(yaml.safe_load_all(out))
 
 
-def test_manifests_render_every_part(cluster: Any) -> None:
-    kinds = {(d["kind"], d["metadata"]["name"]) for d in rendered(cluster)}
-    assert ("CustomResourceDefinition", "llmendpoints.kvscale.io") in kinds
-    assert ("Deployment", "kvscale-operator") in kinds
-    assert ("ClusterRole", "kvscale-operator") in kinds
-    assert ("ServiceMonitor", "kvscale-engines") in kinds
-    operator = next(d for d in rendered(cluster) if d["kind"] == "Deployment")
-    container = operator["spec"]["template"]["spec"]["containers"][0]
-    assert container["image"] == "kvscale/operator:0.1.0"
-    assert container["securityContext"]["readOnlyRootFilesystem"] is True
-    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
-    assert operator["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"] is True
-
-
-def test_manifests_pass_a_server_side_dry_run(cluster: Any, crd: None) -> None:
-    kubectl(cluster, "apply", "--server-side", "-f", str(SERVICEMONITOR_CRD))
-    kubectl(
-        cluster,
-        "wait",
-        "--for=condition=Established",
-        "--timeout=30s",
-        "crd/servicemonitors.monitoring.coreos.com",
+def namespaced_install(cluster: Any, namespace: str, directory: Path) -> list[dict[str, Any]]:
+    """The namespaced overlay rendered for `namespace`, as a user's own kustomization would."""
+    overlay = os.path.relpath(NAMESPACED, directory)
+    (directory / "kustomization.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "kustomize.config.k8s.io/v1beta1",
+                "kind": "Kustomization",
+                "namespace": namespace,
+                "resources": [overlay],
+            }
+        )
     )
-    docs = rendered(cluster)
-    namespace = [d for d in docs if d["kind"] == "Namespace"]
-    kubectl(cluster, "apply", "--server-side", "-f", "-", stdin=yaml.safe_dump_all(namespace))
-    out = kubectl(
+    return rendered(cluster, directory)
+
+
+def dry_run(cluster: Any, docs: list[dict[str, Any]]) -> str:
+    return kubectl(
         cluster,
         "apply",
         "--server-side",
@@ -58,7 +61,99 @@ def test_manifests_pass_a_server_side_dry_run(cluster: Any, crd: None) -> None:
         "-",
         stdin=yaml.safe_dump_all(docs),
     ).stdout
-    for kind in ("customresourcedefinition", "clusterrole", "deployment", "servicemonitor"):
+
+
+def one(docs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    found = [d for d in docs if d["kind"] == kind]
+    assert len(found) == 1, [d["kind"] for d in docs]
+    return found[0]
+
+
+def test_manifests_render_every_part(cluster: Any) -> None:
+    kinds = {(d["kind"], d["metadata"]["name"]) for d in rendered(cluster)}
+    assert ("CustomResourceDefinition", "llmendpoints.kvscale.io") in kinds
+    assert ("Deployment", "kvscale-operator") in kinds
+    assert ("ClusterRole", "kvscale-operator") in kinds
+    assert not any(kind == "ServiceMonitor" for kind, _ in kinds)  # an optional component
+    with_monitor = {
+        (d["kind"], d["metadata"]["name"]) for d in rendered(cluster, WITH_SERVICEMONITOR)
+    }
+    assert with_monitor == kinds | {("ServiceMonitor", "kvscale-engines")}
+    operator = one(rendered(cluster), "Deployment")
+    container = operator["spec"]["template"]["spec"]["containers"][0]
+    assert container["image"] == f"kvscale/operator:{__version__}"
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert operator["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"] is True
+
+
+def test_namespaced_overlay_holds_a_role_and_watches_one_namespace(
+    cluster: Any, tmp_path: Path
+) -> None:
+    docs = namespaced_install(cluster, "team-a", tmp_path)
+    kinds = {d["kind"] for d in docs}
+    assert not kinds & {"Namespace", "ServiceMonitor"}
+    assert {"Role", "RoleBinding", "ServiceAccount", "Deployment"} <= kinds
+    cluster_scoped = {"CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding"}
+    namespaced = [d for d in docs if d["kind"] not in cluster_scoped]
+    assert {d["metadata"]["namespace"] for d in namespaced} == {"team-a"}
+    for binding in ("RoleBinding", "ClusterRoleBinding"):
+        assert one(docs, binding)["subjects"][0]["namespace"] == "team-a"
+    container = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    assert "--namespace=$(POD_NAMESPACE)" in container["args"]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["POD_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
+
+
+def test_role_holds_exactly_the_cluster_roles_namespaced_rules(cluster: Any) -> None:
+    """The two installs cannot drift apart: the namespaced rules in a Role, and only read-only
+    discovery (what Kopf lists and watches) cluster-wide."""
+    cluster_rules = one(rendered(cluster), "ClusterRole")["rules"]
+    namespaced = rendered(cluster, NAMESPACED)
+    role_rules = one(namespaced, "Role")["rules"]
+    assert role_rules == [r for r in cluster_rules if not set(r["resources"]) & CLUSTER_SCOPED]
+    discovery = one(namespaced, "ClusterRole")["rules"]
+    assert discovery == [r for r in cluster_rules if set(r["resources"]) & CLUSTER_SCOPED]
+    assert all(set(r["verbs"]) <= {"list", "watch"} for r in discovery)
+    finalizers = [r for r in role_rules if r["resources"] == ["llmendpoints/finalizers"]]
+    assert finalizers and finalizers[0]["verbs"] == ["update"]
+
+
+def test_base_passes_a_server_side_dry_run_without_the_prometheus_operator(
+    cluster: Any, crd: None
+) -> None:
+    kubectl(cluster, "delete", SERVICEMONITOR_CRD_NAME, "--ignore-not-found", "--wait=true")
+    docs = rendered(cluster)
+    namespace = [d for d in docs if d["kind"] == "Namespace"]
+    kubectl(cluster, "apply", "--server-side", "-f", "-", stdin=yaml.safe_dump_all(namespace))
+    out = dry_run(cluster, docs)
+    for kind in ("customresourcedefinition", "clusterrole", "deployment"):
+        assert kind in out.lower(), out
+
+
+def test_servicemonitor_component_passes_a_server_side_dry_run(cluster: Any, crd: None) -> None:
+    kubectl(cluster, "apply", "--server-side", "-f", str(SERVICEMONITOR_CRD))
+    kubectl(
+        cluster, "wait", "--for=condition=Established", "--timeout=30s", SERVICEMONITOR_CRD_NAME
+    )
+    docs = rendered(cluster, WITH_SERVICEMONITOR)
+    namespace = [d for d in docs if d["kind"] == "Namespace"]
+    kubectl(cluster, "apply", "--server-side", "-f", "-", stdin=yaml.safe_dump_all(namespace))
+    out = dry_run(cluster, docs)
+    assert "servicemonitor.monitoring.coreos.com/kvscale-engines" in out.lower(), out
+
+
+def test_namespaced_overlay_passes_a_server_side_dry_run(
+    cluster: Any, crd: None, namespace: str, tmp_path: Path
+) -> None:
+    out = dry_run(cluster, namespaced_install(cluster, namespace, tmp_path))
+    for kind in (
+        "role.rbac",
+        "rolebinding.rbac",
+        "deployment.apps",
+        "serviceaccount",
+        "clusterrole",
+    ):
         assert kind in out.lower(), out
 
 
@@ -76,9 +171,11 @@ def test_samples_pass_a_server_side_dry_run(cluster: Any, crd: None, namespace: 
         )
 
 
-def _operator_kubeconfig(cluster: Any, api: Kube, directory: Path) -> Path:
+def _operator_kubeconfig(
+    cluster: Any, api: Kube, directory: Path, namespace: str = NAMESPACE
+) -> Path:
     """A kubeconfig holding a token of the operator's ServiceAccount, as its pod would have."""
-    path = f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts/kvscale-operator/token"
+    path = f"/api/v1/namespaces/{namespace}/serviceaccounts/kvscale-operator/token"
     issued = api.request("POST", path, {"spec": {"expirationSeconds": 3600}})
     assert issued is not None
     config = {
@@ -119,4 +216,25 @@ def test_operator_runs_with_only_its_rbac(
     with KopfRunner(args, timeout=60) as runner:
         wait_available(api, namespace, ready=1)
     denied = 'User "system:serviceaccount:kvscale-system:kvscale-operator" cannot'
+    assert denied not in runner.output, runner.output
+
+
+def test_namespaced_operator_runs_with_only_its_role(
+    cluster: Any, crd: None, api: Kube, namespace: str, tmp_path: Path, monkeypatch: Any
+) -> None:
+    docs = [
+        d
+        for d in namespaced_install(cluster, namespace, tmp_path)
+        if d["kind"]
+        in ("ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding")
+    ]
+    kubectl(cluster, "apply", "--server-side", "-f", "-", stdin=yaml.safe_dump_all(docs))
+    operator_kubeconfig = str(_operator_kubeconfig(cluster, api, tmp_path, namespace))
+    monkeypatch.setenv("KUBECONFIG", operator_kubeconfig)
+    monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", operator_kubeconfig)
+    args = ["run", "--standalone", "--namespace", namespace, "-m", "kvscale.handlers"]
+    api.create(endpoint(namespace))
+    with KopfRunner(args, timeout=60) as runner:
+        wait_available(api, namespace, ready=1)
+    denied = f'User "system:serviceaccount:{namespace}:kvscale-operator" cannot'
     assert denied not in runner.output, runner.output
