@@ -188,6 +188,7 @@ async def models(router: Router, request: Request) -> Response:
     """GET /v1/models from the least loaded replica (all serve the same model)."""
     live = router.table.routable()
     if not live:
+        router.metrics.requests.labels("", "503").inc()
         return error_response(503, "No replica is ready.", "service_unavailable", 1)
     name = min(live, key=lambda n: router.picker.tokens.get(n, 0.0))
     try:
@@ -195,5 +196,6 @@ async def models(router: Router, request: Request) -> Response:
     except httpx.TransportError as exc:
         return error_response(503, f"Replica {name} is unreachable: {exc!r}",
                               "service_unavailable", 1)  # fmt: skip
+    router.metrics.requests.labels(name, str(upstream.status_code)).inc()
     body: Any = upstream.content
     return Response(body, upstream.status_code, media_type="application/json")

@@ -1,0 +1,181 @@
+"""The routing-weights law: per-replica signals → a weight in [0, 1] per pod, every few seconds.
+
+The router multiplies each replica's share of new requests by its weight, so a replica whose queue
+grows, whose KV cache fills, that preempts or whose TTFT runs past its peers' gets less new work
+until it recovers; weight 0 stops new work entirely (warming up, or draining before a scale-in).
+
+Pure: the caller fetches signals and the pod sets, calls `decide`, publishes the weights and
+keeps `decision.state` for the next tick. Weights are relative (replicas loaded like their peers
+get 1) and smoothed asymmetrically: they fall fast, so a hot replica sheds load within one tick,
+and rise slowly through a dead band, so flat noisy load does not make them oscillate.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvscale.signals.snapshot import ReplicaSignals
+
+DRAINING = "Draining"
+WARMING = "WarmingUp"
+HOT = "ReplicaHot"
+BALANCED = "Balanced"
+NO_SIGNALS = "NoSignals"
+NO_REPLICAS = "NoReplicas"
+
+
+@dataclass(frozen=True)
+class RoutingParams:
+    """How strongly each signal lowers a replica's weight, and how weights are smoothed."""
+
+    ttft_slo_s: float | None = None  # the endpoint's p99 TTFT target, when it has one
+    queue_gain: float = 1.0  # per waiting request per running slot
+    kv_knee: float = 0.8  # KV usage above which the penalty starts
+    kv_gain: float = 2.0  # at 100 % KV usage
+    preemption_gain: float = 2.0  # per preemption per second
+    ttft_gain: float = 1.0  # per multiple of the SLO (or of the peers' median) above 1
+    tolerance: float = 0.3  # pressure up to (1 + tolerance) x the median is noise ...
+    slack: float = 0.25  # ... plus this much (a quarter of a queued request per slot)
+    fall: float = 0.8  # share of a drop applied at once
+    rise: float = 0.3  # share of a rise applied per tick
+    dead_band: float = 0.05  # changes smaller than this are not published
+    floor: float = 0.05  # a loaded but serving replica keeps at least this weight
+    hot_below: float = 0.5  # weights under this are called hot in the reason
+
+    def __post_init__(self) -> None:
+        for name in ("fall", "rise"):
+            if not 0.0 < getattr(self, name) <= 1.0:
+                raise ValueError(f"{name} must be in (0, 1]")
+        if not 0.0 <= self.floor <= 1.0 or not 0.0 <= self.dead_band < 1.0:
+            raise ValueError("floor must be in [0, 1] and dead_band in [0, 1)")
+        if not 0.0 <= self.kv_knee < 1.0:
+            raise ValueError("kv_knee must be in [0, 1)")
+
+
+@dataclass(frozen=True)
+class RoutingState:
+    """The weights last published, per pod: all the law remembers between ticks."""
+
+    weights: Mapping[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"weights": dict(sorted(self.weights.items()))}
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any] | None) -> RoutingState:
+        weights = (raw or {}).get("weights") or {}
+        return cls({str(k): _clamp(float(v)) for k, v in weights.items() if _finite(v)})
+
+
+@dataclass(frozen=True)
+class RoutingDecision:
+    weights: dict[str, float]
+    reason: str  # CamelCase code
+    message: str  # a sentence
+    state: RoutingState
+    targets: dict[str, float]  # unsmoothed, for status and debugging
+
+
+def pressure(r: ReplicaSignals, peers_ttft: float | None, params: RoutingParams) -> float:
+    """How overloaded one replica looks: 0 when idle, growing without bound."""
+    queue = r.waiting / max(1.0, r.running)
+    kv = max(0.0, r.kv_usage - params.kv_knee) / (1.0 - params.kv_knee)
+    ttft = 0.0
+    reference = params.ttft_slo_s or peers_ttft
+    if r.latency.ttft_p99 is not None and reference:
+        ttft = max(0.0, r.latency.ttft_p99 / reference - 1.0)
+    return (
+        params.queue_gain * queue
+        + params.kv_gain * kv
+        + params.preemption_gain * r.preemptions_per_s
+        + params.ttft_gain * ttft
+    )
+
+
+def targets(signals: Sequence[ReplicaSignals], params: RoutingParams) -> dict[str, float]:
+    """Unsmoothed weights: 1 / (1 + excess pressure over the replicas' (low) median).
+
+    Pressure within a tolerance of the median is noise, not load, and costs nothing; so evenly
+    loaded replicas all get 1 however busy they are, and only a replica that stands out loses.
+    """
+    ttfts = [r.latency.ttft_p99 for r in signals if r.latency.ttft_p99 is not None]
+    peers = statistics.median(ttfts) if ttfts else None
+    load = {r.pod: pressure(r, peers, params) for r in signals}
+    if not load:
+        return {}
+    reference = (1.0 + params.tolerance) * statistics.median_low(load.values()) + params.slack
+    return {p: max(params.floor, 1.0 / (1.0 + max(0.0, x - reference))) for p, x in load.items()}
+
+
+def smooth(previous: float | None, target: float, params: RoutingParams) -> float:
+    if previous is None or previous == 0.0:  # a replica that starts serving starts at its target
+        return target
+    step = target - previous
+    if abs(step) < params.dead_band:  # noise: keep the weight (back to 1 once within the band)
+        return 1.0 if target == 1.0 else previous
+    return _clamp(previous + (params.fall if step < 0 else params.rise) * step)
+
+
+def decide(
+    pods: Collection[str],
+    signals: Sequence[ReplicaSignals],
+    warming: Collection[str],
+    draining: Collection[str],
+    state: RoutingState,
+    params: RoutingParams = RoutingParams(),
+) -> RoutingDecision:
+    """Weights for `pods` (every pod the router may see): 0 when warming or draining, else the
+    smoothed target from its signals; a serving pod without signals keeps its last weight (1 when
+    new), since missing metrics are no evidence of load."""
+    serving = [p for p in sorted(pods) if p not in warming and p not in draining]
+    measured = [r for r in signals if r.pod in serving]
+    goal = targets(measured, params)
+    weights: dict[str, float] = {}
+    for pod in sorted(pods):
+        if pod in draining or pod in warming:
+            weights[pod] = 0.0
+        elif pod in goal:
+            weights[pod] = round(smooth(state.weights.get(pod), goal[pod], params), 4)
+        else:
+            weights[pod] = state.weights.get(pod) or 1.0
+    reason, message = _explain(weights, set(draining), set(warming), measured, params)
+    return RoutingDecision(weights, reason, message, RoutingState(weights), goal)
+
+
+def _explain(
+    weights: Mapping[str, float],
+    draining: set[str],
+    warming: set[str],
+    measured: Sequence[ReplicaSignals],
+    params: RoutingParams,
+) -> tuple[str, str]:
+    if not weights:
+        return NO_REPLICAS, "No replica to route to."
+    drained = sorted(draining & set(weights))
+    if drained:
+        return DRAINING, f"Draining {', '.join(drained)}: no new requests."
+    hot = sorted(p for p, w in weights.items() if 0.0 < w < params.hot_below)
+    if hot:
+        shares = ", ".join(f"{p} at {weights[p]:.2f}" for p in hot)
+        return HOT, f"Shifted new requests away from loaded replicas: {shares}."
+    warm = sorted(warming & set(weights))
+    if warm:
+        return WARMING, f"Held back {', '.join(warm)} until warmed up."
+    if not measured:
+        return NO_SIGNALS, "No replica signals yet: every serving replica keeps its weight."
+    return BALANCED, "Replicas are evenly loaded."
+
+
+def _clamp(value: float) -> float:
+    return min(1.0, max(0.0, value))
+
+
+def _finite(value: Any) -> bool:
+    try:
+        return math.isfinite(float(value))
+    except (TypeError, ValueError):
+        return False

@@ -1,0 +1,222 @@
+"""Renders what the operator creates for an endpoint's router, as plain dicts for server-side
+apply: its ServiceAccount, Role and RoleBinding (read the engine pods, EndpointSlices and the
+routing ConfigMap), the router Deployment, the Service `<name>` clients use, and the routing
+ConfigMap `<name>-routing`.
+
+The ConfigMap is rendered without `data`: the routing loop publishes `weights.json` into it under
+its own field manager, so that re-applying the children never removes the published weights.
+"""
+
+from __future__ import annotations
+
+import json
+
+from kvscale.api import v1alpha1 as api
+from kvscale.children import JSON, Owner, labels, selector_labels
+from kvscale.engine_args import ENGINE_PORT
+
+ROUTER_PORT = 8080
+ROUTER_COMMAND = "kvscale-router"
+ROUTER_IMAGE = "kvscale/router:0.1.0"  # for endpoints whose engine image is not kvscale's
+ROUTER_DRAIN_SECONDS = 30
+ROLE = "router"
+
+
+def router_name(endpoint: str) -> str:
+    return f"{endpoint}-router"
+
+
+def routing_configmap_name(endpoint: str) -> str:
+    return f"{endpoint}-routing"
+
+
+def router_replicas(spec: api.LLMEndpointSpec) -> int:
+    """Two routers (no single point of failure) once the endpoint may have two replicas."""
+    most = spec.replicas if spec.replicas is not None else spec.scaling.max_replicas
+    return 2 if max(most, spec.scaling.max_replicas) >= 2 else 1
+
+
+def router_image(spec: api.LLMEndpointSpec) -> str:
+    """The engine's own image (it holds the router too), unless the engine is not kvscale's."""
+    return spec.engine.image if spec.engine.kind == "kvscale" else ROUTER_IMAGE
+
+
+def _metadata(owner: Owner, name: str) -> JSON:
+    return {
+        "name": name,
+        "namespace": owner.namespace,
+        "labels": labels(owner.name, ROLE),
+        "ownerReferences": [owner.reference()],
+    }
+
+
+def router_args(owner: Owner, spec: api.LLMEndpointSpec) -> list[str]:
+    args = [
+        "--endpoint", owner.name, "--namespace", owner.namespace,
+        "--port", str(ROUTER_PORT), "--engine-port", str(ENGINE_PORT),
+        "--block-size", str(spec.engine.block_size),
+        "--drain-seconds", str(ROUTER_DRAIN_SECONDS),
+    ]  # fmt: skip
+    if spec.traffic_classes:
+        classes = [c.model_dump(by_alias=True) for c in spec.traffic_classes]
+        args += ["--traffic-classes", json.dumps(classes, separators=(",", ":"))]
+    return args
+
+
+def service_account(owner: Owner) -> JSON:
+    return {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": _metadata(owner, router_name(owner.name)),
+    }
+
+
+def role(owner: Owner) -> JSON:
+    read = ["get", "list", "watch"]
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": _metadata(owner, router_name(owner.name)),
+        "rules": [
+            {"apiGroups": [""], "resources": ["pods"], "verbs": read},
+            {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": read},
+            {
+                "apiGroups": [""],
+                "resources": ["configmaps"],
+                "resourceNames": [routing_configmap_name(owner.name)],
+                "verbs": read,
+            },
+        ],
+    }
+
+
+def role_binding(owner: Owner) -> JSON:
+    name = router_name(owner.name)
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": _metadata(owner, name),
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": owner.namespace}],
+    }
+
+
+def _probe(path: str, period: int, failures: int) -> JSON:
+    return {
+        "httpGet": {"path": path, "port": "http"},
+        "periodSeconds": period,
+        "timeoutSeconds": 2,
+        "failureThreshold": failures,
+    }
+
+
+def _container(owner: Owner, spec: api.LLMEndpointSpec) -> JSON:
+    return {
+        "name": ROLE,
+        "image": router_image(spec),
+        "command": [ROUTER_COMMAND],
+        "args": router_args(owner, spec),
+        "ports": [{"name": "http", "containerPort": ROUTER_PORT, "protocol": "TCP"}],
+        "env": [{"name": "HOME", "value": "/tmp"}],
+        "resources": {
+            "requests": {"cpu": "250m", "memory": "256Mi"},
+            "limits": {"memory": "1Gi"},
+        },
+        "readinessProbe": _probe("/ready", 2, 2),
+        "livenessProbe": _probe("/health", 10, 3),
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": 10001,
+            "runAsGroup": 10001,
+            "readOnlyRootFilesystem": True,
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+        },
+        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
+    }
+
+
+def router_deployment(owner: Owner, spec: api.LLMEndpointSpec) -> JSON:
+    match = selector_labels(owner.name, ROLE)
+    spread = {
+        "weight": 100,
+        "podAffinityTerm": {
+            "labelSelector": {"matchLabels": match},
+            "topologyKey": "kubernetes.io/hostname",
+        },
+    }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _metadata(owner, router_name(owner.name)),
+        "spec": {
+            "replicas": router_replicas(spec),
+            "selector": {"matchLabels": match},
+            "strategy": {
+                "type": "RollingUpdate",
+                "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+            },
+            "template": {
+                "metadata": {
+                    "labels": labels(owner.name, ROLE),
+                    "annotations": {
+                        "prometheus.io/scrape": "true",
+                        "prometheus.io/port": str(ROUTER_PORT),
+                        "prometheus.io/path": "/metrics",
+                    },
+                },
+                "spec": {
+                    "serviceAccountName": router_name(owner.name),
+                    "automountServiceAccountToken": True,  # it watches the API
+                    "containers": [_container(owner, spec)],
+                    "terminationGracePeriodSeconds": ROUTER_DRAIN_SECONDS + 5,
+                    "affinity": {
+                        "podAntiAffinity": {
+                            "preferredDuringSchedulingIgnoredDuringExecution": [spread]
+                        }
+                    },
+                    "securityContext": {
+                        "runAsNonRoot": True,
+                        "seccompProfile": {"type": "RuntimeDefault"},
+                    },
+                    "volumes": [{"name": "tmp", "emptyDir": {}}],
+                },
+            },
+        },
+    }
+
+
+def router_service(owner: Owner) -> JSON:
+    """`<name>`: the address clients use, on the engine's port, served by the routers."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(owner, owner.name),
+        "spec": {
+            "type": "ClusterIP",
+            "selector": selector_labels(owner.name, ROLE),
+            "ports": [
+                {"name": "http", "port": ENGINE_PORT, "targetPort": "http", "protocol": "TCP"}
+            ],
+        },
+    }
+
+
+def routing_configmap(owner: Owner) -> JSON:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _metadata(owner, routing_configmap_name(owner.name)),
+    }
+
+
+def render_router(owner: Owner, spec: api.LLMEndpointSpec) -> list[JSON]:
+    """Every router child, in the order they are applied (RBAC before the pods that use it)."""
+    return [
+        service_account(owner),
+        role(owner),
+        role_binding(owner),
+        routing_configmap(owner),
+        router_service(owner),
+        router_deployment(owner, spec),
+    ]

@@ -1,0 +1,111 @@
+"""Rendering of the router's children: deterministic, owned, least-privilege and wired up."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvscale import children, router_children
+from kvscale.api.v1alpha1 import LLMEndpointSpec
+from kvscale_cluster import images
+
+OWNER = children.Owner("chat", "team-a", "uid-1")
+
+
+def spec(**extra: Any) -> LLMEndpointSpec:
+    body = {"model": {"name": "llama-8b", "source": {"hostPath": {"path": "/models/llama"}}}}
+    return LLMEndpointSpec.model_validate({**body, **extra})
+
+
+def by_kind(objs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {o["kind"]: o for o in objs}
+
+
+def test_render_is_deterministic_owned_and_labelled() -> None:
+    objs = router_children.render_router(OWNER, spec())
+    assert objs == router_children.render_router(OWNER, spec())
+    assert [o["kind"] for o in objs] == [
+        "ServiceAccount", "Role", "RoleBinding", "ConfigMap", "Service", "Deployment",
+    ]  # fmt: skip
+    for obj in objs:
+        meta = obj["metadata"]
+        assert meta["namespace"] == "team-a"
+        assert meta["ownerReferences"] == [OWNER.reference()]
+        assert meta["labels"]["app.kubernetes.io/managed-by"] == "kvscale"
+        assert meta["labels"]["kvscale.io/endpoint"] == "chat"
+        assert meta["labels"]["kvscale.io/role"] == "router"
+
+
+def test_names_follow_the_contract() -> None:
+    objs = by_kind(router_children.render_router(OWNER, spec()))
+    assert objs["Service"]["metadata"]["name"] == "chat"
+    assert objs["ConfigMap"]["metadata"]["name"] == "chat-routing"
+    assert "data" not in objs["ConfigMap"]  # the routing loop owns weights.json
+    for kind in ("ServiceAccount", "Role", "RoleBinding", "Deployment"):
+        assert objs[kind]["metadata"]["name"] == "chat-router"
+    # never clashes with the engine's children
+    engine = {o["metadata"]["name"] for o in children.render(OWNER, spec(), 1)}
+    assert engine.isdisjoint({"chat", "chat-routing", "chat-router"})
+
+
+def test_rbac_reads_only_what_the_router_watches() -> None:
+    objs = by_kind(router_children.render_router(OWNER, spec()))
+    rules = objs["Role"]["rules"]
+    assert all(r["verbs"] == ["get", "list", "watch"] for r in rules)
+    assert {(r["apiGroups"][0], r["resources"][0]) for r in rules} == {
+        ("", "pods"), ("discovery.k8s.io", "endpointslices"), ("", "configmaps"),
+    }  # fmt: skip
+    configmaps = next(r for r in rules if r["resources"] == ["configmaps"])
+    assert configmaps["resourceNames"] == ["chat-routing"]
+    binding = objs["RoleBinding"]
+    assert binding["roleRef"]["name"] == "chat-router"
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "chat-router", "namespace": "team-a"}
+    ]
+
+
+def test_service_sends_the_endpoint_port_to_the_routers() -> None:
+    objs = by_kind(router_children.render_router(OWNER, spec()))
+    service, dep = objs["Service"], objs["Deployment"]
+    assert service["spec"]["ports"][0]["port"] == 8000
+    assert service["spec"]["ports"][0]["targetPort"] == "http"
+    pod = dep["spec"]["template"]
+    container = pod["spec"]["containers"][0]
+    assert container["ports"] == [{"name": "http", "containerPort": 8080, "protocol": "TCP"}]
+    assert service["spec"]["selector"] == dep["spec"]["selector"]["matchLabels"]
+    assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
+    engine_selector = children.selector_labels("chat")
+    assert service["spec"]["selector"] != engine_selector  # clients reach routers, not engines
+
+
+def test_router_runs_the_engine_image_with_its_own_command() -> None:
+    dep = router_children.router_deployment(OWNER, spec(engine={"image": "kvscale/engine:0.2"}))
+    pod = dep["spec"]["template"]["spec"]
+    c = pod["containers"][0]
+    assert c["image"] == "kvscale/engine:0.2" and c["command"] == ["kvscale-router"]
+    assert images.container_argv(c)[0].endswith("kvscale-router")  # runs on the local cluster
+    args = c["args"]
+    assert args[args.index("--endpoint") + 1] == "chat"
+    assert args[args.index("--namespace") + 1] == "team-a"
+    assert args[args.index("--block-size") + 1] == "16"
+    assert pod["serviceAccountName"] == "chat-router"
+    assert pod["automountServiceAccountToken"] is True
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    assert c["readinessProbe"]["httpGet"]["path"] == "/ready"
+    vllm = router_children.router_deployment(
+        OWNER, spec(engine={"image": "vllm/vllm-openai:v0.6", "kind": "vllm"})
+    )
+    assert vllm["spec"]["template"]["spec"]["containers"][0]["image"].startswith("kvscale/router")
+
+
+def test_two_routers_once_the_endpoint_may_have_two_replicas() -> None:
+    one = spec(scaling={"minReplicas": 1, "maxReplicas": 1})
+    many = spec(scaling={"minReplicas": 1, "maxReplicas": 4})
+    assert router_children.router_deployment(OWNER, one)["spec"]["replicas"] == 1
+    assert router_children.router_deployment(OWNER, many)["spec"]["replicas"] == 2
+
+
+def test_traffic_classes_reach_the_router() -> None:
+    classes = [{"name": "interactive", "priority": 10, "maxQueueWaitSeconds": 2}]
+    args = router_children.router_args(OWNER, spec(trafficClasses=classes))
+    assert '"name":"interactive"' in args[args.index("--traffic-classes") + 1]
+    assert "--traffic-classes" not in router_children.router_args(OWNER, spec())
