@@ -85,7 +85,7 @@ def desired_replicas(spec: api.LLMEndpointSpec) -> int:
 
 
 def _resources(spec: api.LLMEndpointSpec) -> JSON:
-    amounts: JSON = {"cpu": spec.resources.cpu, "memory": spec.resources.memory}
+    amounts: JSON = {"cpu": str(spec.resources.cpu), "memory": str(spec.resources.memory)}
     if spec.resources.gpus_per_replica:
         amounts["nvidia.com/gpu"] = str(spec.resources.gpus_per_replica)
     return {"requests": dict(amounts), "limits": dict(amounts)}

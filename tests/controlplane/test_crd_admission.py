@@ -158,6 +158,88 @@ MALFORMED: list[tuple[str, dict[str, Any], str]] = [
     ),
     ("string-for-integer", with_spec(spec__scaling={"maxReplicas": "four"}), "maxReplicas"),
     ("missing-spec", with_spec(spec=DELETE), "spec: Required value"),
+    (
+        "host-path-traversal",
+        with_spec(spec__model__source={"hostPath": {"path": "/models/../etc"}}),
+        "spec.model.source.hostPath.path: Invalid value: \"/models/../etc\": must not contain '..'",
+    ),
+    (
+        "sub-path-traversal",
+        with_spec(spec__model__source={"pvc": {"claimName": "models", "subPath": "a/../../x"}}),
+        "spec.model.source.pvc.subPath: Invalid value: \"a/../../x\": must not contain '..'",
+    ),
+    (
+        "image-with-scheme",
+        with_spec(spec__engine={"image": "https://ghcr.io/kvscale/engine:0.1.0"}),
+        "no scheme, a lowercase repository",
+    ),
+    (
+        "image-uppercase-repository",
+        with_spec(spec__engine={"image": "ghcr.io/KVScale/engine"}),
+        "no scheme, a lowercase repository",
+    ),
+    (
+        "image-empty-tag",
+        with_spec(spec__engine={"image": "kvscale/engine:"}),
+        "must be an image reference",
+    ),
+    (
+        "extra-args-override-port",
+        with_spec(spec__engine={"extraArgs": ["--enforce-eager", "--port", "9000"]}),
+        'spec.engine.extraArgs[1]: Invalid value: "--port": must not set a flag the operator',
+    ),
+    (
+        "extra-args-override-model-inline",
+        with_spec(spec__engine={"extraArgs": ["--model=/elsewhere"]}),
+        "must not set a flag the operator manages",
+    ),
+    (
+        "extra-args-served-name-underscore",
+        with_spec(spec__engine={"extraArgs": ["--served_model_name", "x"]}),
+        "must not set a flag the operator manages",
+    ),
+    (
+        "extra-args-not-a-flag",
+        with_spec(spec__engine={"extraArgs": ["---weird"]}),
+        'spec.engine.extraArgs[0]: Invalid value: "---weird": must be a flag',
+    ),
+    (
+        "negative-cpu-number",
+        with_spec(spec__resources={"cpu": -2}),
+        "spec.resources.cpu: Invalid value: -2: must be greater than zero",
+    ),
+    (
+        "negative-memory",
+        with_spec(spec__resources={"memory": "-1Gi"}),
+        'spec.resources.memory: Invalid value: "-1Gi": must be greater than zero',
+    ),
+    (
+        "gpu-type-without-gpus",
+        with_spec(spec__resources={"gpusPerReplica": 0, "gpuType": "NVIDIA-A100"}),
+        "gpuType needs resources.gpusPerReplica of at least 1",
+    ),
+    (
+        "prometheus-url-ftp",
+        with_spec(
+            spec__scaling={"signals": {"source": "prometheus", "prometheusUrl": "ftp://p:9090"}}
+        ),
+        'prometheusUrl: Invalid value: "ftp://p:9090": must be an http:// or https:// URL',
+    ),
+    *(
+        (
+            f"prometheus-url-link-local-{i}",
+            with_spec(spec__scaling={"signals": {"source": "prometheus", "prometheusUrl": url}}),
+            "must not point at a link-local address",
+        )
+        for i, url in enumerate(
+            [
+                "http://169.254.169.254/latest/meta-data",
+                "http://[fe80::1]:9090",
+                "http://[::ffff:169.254.169.254]/",
+                "http://2852039166/",
+            ]
+        )
+    ),
 ]
 
 
@@ -177,6 +259,94 @@ def test_malformed_endpoint_is_refused(
     assert refused.value.status in (400, 422), refused.value.message
     assert phrase in refused.value.message, refused.value.message
     assert api.get("kvscale.io/v1alpha1", "LLMEndpoint", namespace, case) is None
+
+
+NAMES: list[tuple[str, str]] = [
+    ("llama.v2", "must be a DNS label (lowercase letters, digits and '-', no dots)"),
+    ("a" * 56, "must be at most 55 characters: the operator derives child names"),
+]
+
+
+@pytest.mark.parametrize(("name", "phrase"), NAMES, ids=["dots", "too-long"])
+def test_endpoint_names_that_cannot_name_children_are_refused(
+    api: Kube, crd: None, namespace: str, name: str, phrase: str
+) -> None:
+    obj = copy.deepcopy(VALID)
+    obj["metadata"] = {"name": name, "namespace": namespace}
+    with pytest.raises(KubeError) as refused:
+        api.create(obj, strict=True)
+    assert refused.value.status == 422, refused.value.message
+    assert phrase in refused.value.message, refused.value.message
+
+
+# (case id, the object, where to look in the stored object, the value expected there)
+ACCEPTED: list[tuple[str, dict[str, Any], tuple[str, ...], Any]] = [
+    ("cpu-as-a-number", with_spec(spec__resources={"cpu": 4}), ("resources", "cpu"), 4),
+    (
+        "quantities-as-strings",
+        with_spec(spec__resources={"cpu": "500m", "memory": "1.5Gi"}),
+        ("resources", "memory"),
+        "1.5Gi",
+    ),
+    (
+        "pvc-name-with-dots",
+        with_spec(spec__model__source={"pvc": {"claimName": "llama.v2.weights"}}),
+        ("model", "source", "pvc", "claimName"),
+        "llama.v2.weights",
+    ),
+    (
+        "dots-within-path-names",
+        with_spec(spec__model__source={"hostPath": {"path": "/models/..cache/v1..2"}}),
+        ("model", "source", "hostPath", "path"),
+        "/models/..cache/v1..2",
+    ),
+    (
+        "image-registry-port-tag-digest",
+        with_spec(
+            spec__engine={"image": "registry.example.com:5000/team/engine:0.1.0@sha256:" + "c" * 64}
+        ),
+        ("engine", "image"),
+        "registry.example.com:5000/team/engine:0.1.0@sha256:" + "c" * 64,
+    ),
+    (
+        "unmanaged-extra-args",
+        with_spec(spec__engine={"extraArgs": ["--enforce-eager", "--seed=7", "--swap", "-1"]}),
+        ("engine", "extraArgs"),
+        ["--enforce-eager", "--seed=7", "--swap", "-1"],
+    ),
+    (
+        "gpu-type-with-gpus",
+        with_spec(spec__resources={"gpusPerReplica": 1, "gpuType": "NVIDIA-H100"}),
+        ("resources", "gpuType"),
+        "NVIDIA-H100",
+    ),
+    (
+        "prometheus-in-cluster",
+        with_spec(
+            spec__scaling={
+                "signals": {"source": "prometheus", "prometheusUrl": "http://prom.mon.svc:9090"}
+            }
+        ),
+        ("scaling", "signals", "prometheusUrl"),
+        "http://prom.mon.svc:9090",
+    ),
+    ("longest-name", with_spec(metadata__name="n" * 55), ("model", "name"), "tiny"),
+]
+
+
+@pytest.mark.parametrize(
+    ("case", "obj", "path", "expected"), ACCEPTED, ids=[c for c, *_ in ACCEPTED]
+)
+def test_well_formed_endpoint_is_accepted(
+    api: Kube, crd: None, namespace: str, case: str, obj: dict[str, Any], path: Any, expected: Any
+) -> None:
+    obj = copy.deepcopy(obj)
+    name = case if obj["metadata"]["name"] == "probe" else obj["metadata"]["name"]
+    obj["metadata"] = {"name": name, "namespace": namespace}
+    node = api.create(obj, strict=True)["spec"]
+    for key in path:
+        node = node[key]
+    assert node == expected
 
 
 def test_valid_endpoint_is_accepted_with_defaults(api: Kube, crd: None, namespace: str) -> None:

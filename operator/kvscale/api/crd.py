@@ -1,10 +1,11 @@
 """Generates the LLMEndpoint CustomResourceDefinition from the pydantic models.
 
 Pydantic writes JSON Schema 2020-12; the API server wants a structural OpenAPI v3 schema. The
-translation inlines `$ref`s, turns `Optional[X]` into an optional `X`, rewrites numeric
-`exclusiveMinimum` into the OpenAPI boolean form, drops what structural schemas forbid
-(`additionalProperties: false`, titles), and keeps each section's fully expanded default so the
-server fills it when the user leaves a whole section out (CEL rules see complete objects).
+translation inlines `$ref`s, turns `Optional[X]` into an optional `X` and `int | str` into
+`x-kubernetes-int-or-string`, rewrites numeric `exclusiveMinimum` into the OpenAPI boolean form,
+drops what structural schemas forbid (`additionalProperties: false`, titles), and keeps each
+section's fully expanded default so the server fills it when the user leaves a whole section out
+(CEL rules see complete objects). Rules on metadata.name sit on the schema's root.
 """
 
 from __future__ import annotations
@@ -34,9 +35,11 @@ def _convert(node: JSON, defs: JSON) -> JSON:
         return _convert(merged, defs)
     if "anyOf" in node:
         options = [o for o in node["anyOf"] if o.get("type") != "null"]
+        rest = {k: v for k, v in node.items() if k != "anyOf"}
+        if sorted(o.get("type", "") for o in options) == ["integer", "string"]:
+            return _convert({"x-kubernetes-int-or-string": True, **rest}, defs)
         if len(options) != 1:
             raise ValueError(f"Unions are not expressible in a structural schema: {node}")
-        rest = {k: v for k, v in node.items() if k != "anyOf"}
         if rest.get("default", ...) is None:
             del rest["default"]
         return _convert({**options[0], **rest}, defs)
@@ -92,6 +95,7 @@ def crd() -> JSON:
         "type": "object",
         "description": "An autoscaled LLM inference endpoint.",
         "required": ["spec"],
+        "x-kubernetes-validations": api.ENDPOINT_RULES,
         "properties": {
             "apiVersion": {"type": "string"},
             "kind": {"type": "string"},

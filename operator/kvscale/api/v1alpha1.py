@@ -10,7 +10,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+
+from kvscale import __version__
+from kvscale.api import rules
 
 GROUP = "kvscale.io"
 VERSION = "v1alpha1"
@@ -19,15 +22,20 @@ PLURAL = "llmendpoints"
 SINGULAR = "llmendpoint"
 SHORT_NAMES = ("llme",)
 
-DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
-QUANTITY_RULE = {
-    "rule": "isQuantity(self)",
-    "message": "must be a Kubernetes quantity such as 500m, 2, 512Mi or 8Gi",
-}
+DNS_LABEL = rules.DNS_LABEL
+ENDPOINT_RULES = rules.ENDPOINT_RULES  # on the whole object: metadata.name
 
 
-def _rules(*rules: tuple[str, str]) -> dict[str, Any]:
-    return {"x-kubernetes-validations": [{"rule": r, "message": m} for r, m in rules]}
+ENGINE_IMAGE = f"kvscale/engine:{__version__}"  # `make image` builds this tag
+GPU_TYPE_MESSAGE = "resources.gpuType needs resources.gpusPerReplica of at least 1"
+
+
+def _rules(*pairs: tuple[str, str]) -> dict[str, Any]:
+    return _validations(*({"rule": r, "message": m} for r, m in pairs))
+
+
+def _validations(*checks: dict[str, Any]) -> dict[str, Any]:
+    return {"x-kubernetes-validations": list(checks)}
 
 
 class _Model(BaseModel):
@@ -47,7 +55,9 @@ class HostPathSource(_Model):
             max_length=4096,
             pattern=r"^/",
             description="Absolute path of a Hugging Face checkpoint directory on the node.",
+            json_schema_extra=_validations(rules.NO_DOT_DOT_RULE),
         ),
+        AfterValidator(rules.no_dot_dot),
     ]
 
 
@@ -58,7 +68,7 @@ class PVCSource(_Model):
             alias="claimName",
             min_length=1,
             max_length=253,
-            pattern=DNS_LABEL,
+            pattern=rules.DNS_SUBDOMAIN,
             description="PersistentVolumeClaim in the endpoint's namespace.",
         ),
     ]
@@ -70,7 +80,9 @@ class PVCSource(_Model):
             max_length=4096,
             pattern=r"^([^/].*)?$",
             description="Relative directory inside the volume that holds the checkpoint.",
+            json_schema_extra=_validations(rules.NO_DOT_DOT_RULE),
         ),
+        AfterValidator(rules.no_dot_dot),
     ]
 
 
@@ -123,8 +135,15 @@ class ModelSpec(_Model):
 
 class EngineSpec(_Model):
     image: Annotated[
-        str, Field(min_length=1, max_length=512, pattern=r"^[^\s]+$", description="Engine image.")
-    ] = "kvscale/engine:0.1.0"
+        str,
+        Field(
+            min_length=1,
+            max_length=512,
+            description="Engine image.",
+            json_schema_extra=_validations(rules.matches_rule(rules.IMAGE, rules.IMAGE_MESSAGE)),
+        ),
+        AfterValidator(rules.image_reference),
+    ] = ENGINE_IMAGE
     kind: Annotated[
         Literal["kvscale", "vllm"],
         Field(description="Engine flavour: selects the argument and metrics adapter."),
@@ -156,20 +175,44 @@ class EngineSpec(_Model):
     ] = 8192
     enable_prefix_caching: Annotated[bool, Field(alias="enablePrefixCaching")] = True
     extra_args: Annotated[
-        list[Annotated[str, Field(max_length=1024)]],
+        list[
+            Annotated[
+                str,
+                Field(
+                    max_length=1024,
+                    json_schema_extra=_validations(
+                        rules.matches_rule(rules.ARGUMENT, rules.ARGUMENT_MESSAGE),
+                        rules.matches_rule(
+                            rules.MANAGED_FLAG, rules.MANAGED_FLAG_MESSAGE, negate=True
+                        ),
+                    ),
+                ),
+                AfterValidator(rules.engine_argument),
+            ]
+        ],
         Field(alias="extraArgs", max_length=64, description="Appended to the engine's arguments."),
     ] = []
 
 
 # --- spec.resources -----------------------------------------------------------------------
 
+# int-or-string, as in Pod specs (`cpu: 4`); rendered into the pod spec as a string
 Quantity = Annotated[
-    str,
-    Field(max_length=64, json_schema_extra={"x-kubernetes-validations": [QUANTITY_RULE]}),
+    int | str,
+    Field(json_schema_extra=_validations(*rules.QUANTITY_RULES)),
+    AfterValidator(rules.positive_quantity),
 ]
 
 
 class ResourcesSpec(_Model):
+    model_config = ConfigDict(
+        json_schema_extra=_rules(
+            (
+                "!has(self.gpuType) || self.gpusPerReplica > 0",
+                GPU_TYPE_MESSAGE,
+            )
+        )
+    )
     gpus_per_replica: Annotated[
         int,
         Field(alias="gpusPerReplica", ge=0, le=16, description="nvidia.com/gpu per replica."),
@@ -185,6 +228,12 @@ class ResourcesSpec(_Model):
     ] = None
     cpu: Annotated[Quantity, Field(description="CPU request and limit per replica.")] = "2"
     memory: Annotated[Quantity, Field(description="Memory request and limit per replica.")] = "8Gi"
+
+    @model_validator(mode="after")
+    def _gpu_type_needs_gpus(self) -> ResourcesSpec:
+        if self.gpu_type is not None and self.gpus_per_replica == 0:
+            raise ValueError(GPU_TYPE_MESSAGE)
+        return self
 
 
 # --- spec.slo / trafficClasses ------------------------------------------------------------
@@ -245,9 +294,10 @@ class SignalsSpec(_Model):
         Field(
             alias="prometheusUrl",
             max_length=2048,
-            pattern=r"^https?://[^\s/]+(/[^\s]*)?$",
-            description="Base URL of the Prometheus HTTP API.",
+            description="Base URL of the Prometheus HTTP API (http or https, not link-local).",
+            json_schema_extra=_validations(*rules.PROMETHEUS_URL_RULES),
         ),
+        AfterValidator(lambda url: url if url is None else rules.prometheus_url(url)),
     ] = None
 
 
@@ -290,6 +340,16 @@ class ScalingSpec(_Model):
     scale_down_stabilization_seconds: Annotated[
         int, Field(alias="scaleDownStabilizationSeconds", ge=0, le=3600)
     ] = 300
+    replica_capacity_tokens_per_second: Annotated[
+        float | None,
+        Field(
+            alias="replicaCapacityTokensPerSecond",
+            gt=0,
+            le=10_000_000,
+            description="Prior for what one replica carries within the SLO (prompt + generated "
+            "tokens/s), e.g. from `kvscale plan`; the controller refines it online.",
+        ),
+    ] = None
     signals: SignalsSpec = SignalsSpec()
 
     @model_validator(mode="after")

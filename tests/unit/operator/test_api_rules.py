@@ -1,0 +1,141 @@
+"""The pydantic mirrors of the CRD's CEL rules refuse and accept the same values.
+
+The same values go to the real API server in tests/controlplane/test_crd_admission.py.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from kvscale import children
+from kvscale.api import rules
+from kvscale.api.v1alpha1 import LLMEndpointSpec
+from kvscale.engine_args import engine_args
+
+MODEL = {"name": "tiny", "source": {"dummy": {}}}
+
+
+def spec(**sections: Any) -> LLMEndpointSpec:
+    return LLMEndpointSpec.model_validate({"model": MODEL, **sections})
+
+
+REFUSED: list[tuple[str, dict[str, Any], str]] = [
+    (
+        "host-path-dot-dot",
+        {"model": {**MODEL, "source": {"hostPath": {"path": "/m/../etc"}}}},
+        "..",
+    ),
+    (
+        "host-path-ends-dot-dot",
+        {"model": {**MODEL, "source": {"hostPath": {"path": "/m/.."}}}},
+        "..",
+    ),
+    (
+        "sub-path-dot-dot",
+        {"model": {**MODEL, "source": {"pvc": {"claimName": "m", "subPath": "../x"}}}},
+        "..",
+    ),
+    ("image-scheme", {"engine": {"image": "https://ghcr.io/x/engine:1"}}, "image reference"),
+    ("image-uppercase", {"engine": {"image": "Kvscale/Engine:1"}}, "image reference"),
+    ("image-space", {"engine": {"image": "kvscale/engine 1"}}, "image reference"),
+    ("image-bad-digest", {"engine": {"image": "kvscale/engine@sha256:xyz"}}, "image reference"),
+    ("managed-flag", {"engine": {"extraArgs": ["--port", "9000"]}}, "flag the operator manages"),
+    ("managed-flag-equals", {"engine": {"extraArgs": ["--model=x"]}}, "operator manages"),
+    ("managed-flag-underscore", {"engine": {"extraArgs": ["--max_model_len=8"]}}, "manages"),
+    ("managed-short-flag", {"engine": {"extraArgs": ["-tp", "2"]}}, "operator manages"),
+    ("not-an-argument", {"engine": {"extraArgs": ["---x"]}}, "must be a flag"),
+    ("empty-argument", {"engine": {"extraArgs": [""]}}, "must be a flag"),
+    ("multi-line-argument", {"engine": {"extraArgs": ["a\nb"]}}, "must be a flag"),
+    ("negative-cpu", {"resources": {"cpu": -1}}, "greater than zero"),
+    ("negative-cpu-string", {"resources": {"cpu": "-500m"}}, "greater than zero"),
+    ("zero-memory", {"resources": {"memory": "0Gi"}}, "greater than zero"),
+    ("bad-quantity", {"resources": {"cpu": "two"}}, "Kubernetes quantity"),
+    ("gpu-type-without-gpus", {"resources": {"gpusPerReplica": 0, "gpuType": "A100"}}, "gpuType"),
+    *(
+        (f"prometheus-{name}", {"scaling": {"signals": {"prometheusUrl": url}}}, needle)
+        for name, url, needle in [
+            ("no-scheme", "prom:9090", "http:// or https://"),
+            ("ftp", "ftp://prom:9090", "http:// or https://"),
+            ("no-host", "http:///api", "http:// or https://"),
+            ("metadata", "http://169.254.169.254/latest", "link-local"),
+            ("ipv6-link-local", "http://[fe80::1]:9090", "link-local"),
+            ("mapped-link-local", "http://[::ffff:169.254.169.254]/", "link-local"),
+            ("integer-host", "http://2852039166/", "link-local"),
+            ("octal-host", "http://0251.0376.0251.0376/", "link-local"),
+        ]
+    ),
+]
+
+
+@pytest.mark.parametrize(("case", "body", "needle"), REFUSED, ids=[c for c, _, _ in REFUSED])
+def test_models_refuse_what_admission_refuses(case: str, body: dict[str, Any], needle: str) -> None:
+    with pytest.raises(ValidationError, match=needle.replace(".", r"\.").replace("+", r"\+")):
+        LLMEndpointSpec.model_validate({"model": MODEL, **body})
+
+
+ACCEPTED: list[tuple[str, dict[str, Any]]] = [
+    ("cpu-as-number", {"resources": {"cpu": 4, "memory": "512Mi"}}),
+    ("fractional-cpu", {"resources": {"cpu": "0.5", "memory": "1e9"}}),
+    ("pvc-with-dots", {"model": {**MODEL, "source": {"pvc": {"claimName": "models.v2"}}}}),
+    ("dots-inside-names", {"model": {**MODEL, "source": {"hostPath": {"path": "/m/..x/a..b"}}}}),
+    ("registry-with-port", {"engine": {"image": "registry.example.com:5000/team/engine:0.1.0"}}),
+    ("localhost-registry", {"engine": {"image": "localhost/engine"}}),
+    ("digest", {"engine": {"image": "kvscale/engine:0.1@sha256:" + "a" * 64}}),
+    ("unmanaged-flags", {"engine": {"extraArgs": ["--enforce-eager", "--seed=3", "-x", "-1"]}}),
+    ("json-value", {"engine": {"extraArgs": ["--hf-overrides", '{"a": 1}']}}),
+    ("gpu-type-with-gpus", {"resources": {"gpusPerReplica": 2, "gpuType": "NVIDIA-H100"}}),
+    ("prometheus-service", {"scaling": {"signals": {"prometheusUrl": "http://prom.mon:9090"}}}),
+    ("prometheus-ip", {"scaling": {"signals": {"prometheusUrl": "https://10.0.0.1/prom"}}}),
+]
+
+
+@pytest.mark.parametrize(("case", "body"), ACCEPTED, ids=[c for c, _ in ACCEPTED])
+def test_models_accept_what_admission_accepts(case: str, body: dict[str, Any]) -> None:
+    LLMEndpointSpec.model_validate({"model": MODEL, **body})
+
+
+def test_cpu_written_as_a_number_reaches_the_pod_as_a_string() -> None:
+    owner = children.Owner("e", "ns", "uid")
+    deployment = children.engine_deployment(owner, spec(resources={"cpu": 4}), 1)
+    resources = deployment["spec"]["template"]["spec"]["containers"][0]["resources"]
+    assert resources["requests"]["cpu"] == resources["limits"]["cpu"] == "4"
+
+
+def test_every_flag_the_operator_renders_is_managed() -> None:
+    """extraArgs may not override any flag the operator writes, for either engine kind."""
+    classes = [{"name": "chat"}]
+    for kind in ("kvscale", "vllm"):
+        for gpus in (0, 2):
+            rendered = engine_args(
+                spec(
+                    engine={"kind": kind},
+                    resources={"gpusPerReplica": gpus},
+                    trafficClasses=classes,
+                )
+            )
+            flags = {a.split("=", 1)[0] for a in rendered if a.startswith("-")}
+            assert flags <= set(rules.MANAGED_FLAGS), flags - set(rules.MANAGED_FLAGS)
+
+
+@pytest.mark.parametrize(
+    ("name", "problem"),
+    [
+        ("tiny", None),
+        ("a" * rules.MAX_ENDPOINT_NAME, None),
+        ("a" * (rules.MAX_ENDPOINT_NAME + 1), rules.NAME_TOO_LONG),
+        ("llama.v2", rules.NAME_NOT_LABEL),
+        ("Llama", rules.NAME_NOT_LABEL),
+    ],
+)
+def test_endpoint_names(name: str, problem: str | None) -> None:
+    assert rules.endpoint_name_problem(name) == problem
+    if problem is None:
+        for suffix in rules.CHILD_SUFFIXES:
+            assert len(name + suffix) <= 63
+
+
+def test_derived_child_names_use_a_known_suffix() -> None:
+    assert children.engine_name("x").removeprefix("x") in rules.CHILD_SUFFIXES
