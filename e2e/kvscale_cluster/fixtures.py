@@ -151,6 +151,7 @@ def run_operator(
     from kopf.testing import KopfRunner
 
     patch = _point_clients_at(cluster)
+    patch.setenv("KVSCALE_METRICS_PORT", os.environ.get("KVSCALE_METRICS_PORT", "0"))
     try:
         with KopfRunner(list(args), timeout=timeout) as runner:
             yield runner

@@ -6,6 +6,7 @@ operator owns exactly the fields it renders and takes them back when someone els
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -17,11 +18,20 @@ from kvscale.api import v1alpha1 as api
 
 JSON = dict[str, Any]
 FIELD_MANAGER = "kvscale"
+TIMEOUT_S = (5.0, 30.0)  # connect, read: no API call may hang a reconcile
 
 _COLLECTIONS = {
     ("v1", "Service"): "/api/v1/namespaces/{namespace}/services",
     ("v1", "Event"): "/api/v1/namespaces/{namespace}/events",
     ("v1", "Pod"): "/api/v1/namespaces/{namespace}/pods",
+    ("v1", "ConfigMap"): "/api/v1/namespaces/{namespace}/configmaps",
+    ("v1", "ServiceAccount"): "/api/v1/namespaces/{namespace}/serviceaccounts",
+    ("rbac.authorization.k8s.io/v1", "Role"): (
+        "/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}/roles"
+    ),
+    ("rbac.authorization.k8s.io/v1", "RoleBinding"): (
+        "/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}/rolebindings"
+    ),
     ("v1", "PersistentVolumeClaim"): "/api/v1/namespaces/{namespace}/persistentvolumeclaims",
     ("apps/v1", "Deployment"): "/apis/apps/v1/namespaces/{namespace}/deployments",
     ("policy/v1", "PodDisruptionBudget"): (
@@ -64,7 +74,7 @@ class Kube:
             body=body,
             auth_settings=["BearerToken"],
         )
-        resp = self.api_client.call_api(m, url, headers, payload)
+        resp = self.api_client.call_api(m, url, headers, payload, _request_timeout=TIMEOUT_S)
         resp.read()  # type: ignore[no-untyped-call]
         if resp.status == 404:
             return None
@@ -110,14 +120,31 @@ class Kube:
         path = self._path(f"{api.GROUP}/{api.VERSION}", api.KIND, namespace, name) + "/status"
         self.request("PATCH", path, {"status": status}, None, "application/merge-patch+json")
 
+    def annotate_pod(self, namespace: str, name: str, annotations: dict[str, str]) -> None:
+        path = self._path("v1", "Pod", namespace, name)
+        body = {"metadata": {"annotations": annotations}}
+        self.request("PATCH", path, body, None, "application/merge-patch+json")
+
     def post_event(self, involved: JSON, kind: str, reason: str, message: str) -> None:
-        """Records an Event on an object, as `kubectl describe` shows them."""
+        """Records an Event on an object, as `kubectl describe` shows them.
+
+        Repeats aggregate as client-go's correlator does: the same object, type, reason and
+        message name one Event, whose `count` and `lastTimestamp` move on each repeat.
+        """
         meta = involved["metadata"]
         now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        key = "\0".join((meta.get("uid", ""), kind, reason, message))
+        name = f"{meta['name']}.{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+        path = self._path("v1", "Event", meta["namespace"], name)
+        seen = self.request("GET", path)
+        if seen is not None:
+            repeat = {"count": int(seen.get("count") or 1) + 1, "lastTimestamp": now}
+            self.request("PATCH", path, repeat, None, "application/merge-patch+json")
+            return
         event = {
             "apiVersion": "v1",
             "kind": "Event",
-            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+            "metadata": {"name": name, "namespace": meta["namespace"]},
             "involvedObject": {
                 "apiVersion": involved["apiVersion"],
                 "kind": involved["kind"],
@@ -129,6 +156,7 @@ class Kube:
             "reason": reason,
             "message": message[:1024],
             "source": {"component": FIELD_MANAGER},
+            "reportingComponent": FIELD_MANAGER,
             "firstTimestamp": now,
             "lastTimestamp": now,
             "count": 1,

@@ -15,6 +15,7 @@ from pydantic import ValidationError
 
 from kvscale import children, status
 from kvscale.api import v1alpha1 as api
+from kvscale.conditions import Cond
 from kvscale.kube import Kube
 
 JSON = dict[str, Any]
@@ -29,11 +30,16 @@ class Event:
 
 @dataclass(frozen=True)
 class Outcome:
-    """What a reconcile wants written: status changes (empty: none) and Events to post."""
+    """What a reconcile wants written: the status it computed, the changes of it (empty: none
+    to write), Events to post, and what it read of the children for the loops to reuse."""
 
     status: JSON
+    changes: JSON
     events: list[Event] = field(default_factory=list)
     invalid: str | None = None
+    spec: api.LLMEndpointSpec | None = None
+    deployment: JSON | None = None
+    pods: list[JSON] = field(default_factory=list)
 
 
 def now() -> str:
@@ -48,7 +54,9 @@ def validation_message(err: ValidationError) -> str:
     return "; ".join(parts)
 
 
-def replica_event(current: int | None, last_desired: int | None, desired: int) -> Event | None:
+def replica_event(
+    current: int | None, last_desired: int | None, desired: int, why: str = ""
+) -> Event | None:
     """The Event for a change of the Deployment's replicas, if any.
 
     `current` is what the Deployment had before this apply; `last_desired` what the operator
@@ -56,14 +64,16 @@ def replica_event(current: int | None, last_desired: int | None, desired: int) -
     """
     if current is None or current == desired:
         return None
-    if last_desired is not None and current != last_desired:
+    if last_desired is not None and current != last_desired and last_desired == desired:
         return Event(
             "Warning",
             "ReplicasRestored",
             f"Restored engine replicas to {desired}: they were changed to {current} "
             "outside kvscale (only the operator sets them)",
         )
-    return Event("Normal", "Scaled", f"Scaled engine from {current} to {desired} replicas")
+    reason = "ScaledUp" if desired > current else "ScaledDown"
+    text = f"Scaled engine from {current} to {desired} replicas"
+    return Event("Normal", reason, f"{text}: {why}" if why else text)
 
 
 def model_problems(kube: Kube, namespace: str, spec: api.LLMEndpointSpec) -> list[status.Problem]:
@@ -82,7 +92,15 @@ def model_problems(kube: Kube, namespace: str, spec: api.LLMEndpointSpec) -> lis
     return []
 
 
-def reconcile(kube: Kube, body: Mapping[str, Any]) -> Outcome:
+def reconcile(
+    kube: Kube,
+    body: Mapping[str, Any],
+    desired: int | None = None,
+    why: str = "",
+    extra: list[Cond] | None = None,
+) -> Outcome:
+    """Converge the children to the spec with `desired` engine replicas (default: pinned or
+    minimum), and compute the status; `extra` conditions come from the loops."""
     meta = body["metadata"]
     generation = int(meta.get("generation", 0))
     old_status: JSON = dict(body.get("status") or {})
@@ -92,13 +110,17 @@ def reconcile(kube: Kube, body: Mapping[str, Any]) -> Outcome:
         message = validation_message(err)
         new = status.invalid_spec(generation, message, old_status, now())
         return Outcome(
-            status.changes(old_status, new), [Event("Warning", "InvalidSpec", message)], message
+            new,
+            status.changes(old_status, new),
+            [Event("Warning", "InvalidSpec", message)],
+            message,
         )
 
     owner = children.Owner(meta["name"], meta["namespace"], meta["uid"])
     name = children.engine_name(owner.name)
     before = kube.get("apps/v1", "Deployment", owner.namespace, name)
-    desired = children.desired_replicas(spec)
+    if desired is None or spec.pinned:
+        desired = children.desired_replicas(spec)
     problems = model_problems(kube, owner.namespace, spec)
     applied = [kube.apply(obj) for obj in children.render(owner, spec, desired)]
     deployment = applied[-1]
@@ -112,6 +134,7 @@ def reconcile(kube: Kube, body: Mapping[str, Any]) -> Outcome:
         before["spec"].get("replicas") if before else None,
         old_status.get("desiredReplicas"),
         desired,
+        why,
     )
     if scaled:
         events.append(scaled)
@@ -123,5 +146,8 @@ def reconcile(kube: Kube, body: Mapping[str, Any]) -> Outcome:
         problems=problems,
         old=old_status,
         now=now(),
+        extra=extra,
     )
-    return Outcome(status.changes(old_status, new), events)
+    return Outcome(
+        new, status.changes(old_status, new), events, spec=spec, deployment=deployment, pods=pods
+    )

@@ -52,7 +52,7 @@ def test_kubectl_scale_pins_replicas(
     scale = api.request("GET", path)
     assert scale is not None and scale["status"]["replicas"] == 2
     assert scale["status"]["selector"] == "kvscale.io/endpoint=chat,kvscale.io/role=engine"
-    wait_for(lambda: bool(events(api, namespace, "Scaled")), timeout=20, what="a Scaled event")
+    wait_for(lambda: bool(events(api, namespace, "ScaledUp")), timeout=20, what="a ScaledUp event")
 
 
 def test_foreign_replica_change_is_restored(

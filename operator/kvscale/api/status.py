@@ -10,7 +10,16 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-CONDITION_TYPES = ("Available", "Progressing", "Degraded", "MetricsAvailable", "CapacityLimited")
+CONDITION_TYPES = (
+    "Ready",
+    "Reconciling",
+    "Stalled",
+    "Available",
+    "Progressing",
+    "Degraded",
+    "MetricsAvailable",
+    "CapacityLimited",
+)
 
 
 class _Status(BaseModel):
@@ -40,14 +49,38 @@ class Condition(_Status):
     message: Annotated[str, Field(max_length=32768)]
 
 
+Seconds = Annotated[float | None, Field(ge=0)]
+
+
 class CapacityStatus(_Status):
+    """The capacity controller's last decision and what it was based on."""
+
     desired: Annotated[int | None, Field(ge=0)] = None
+    current: Annotated[int | None, Field(ge=0)] = None
+    ready: Annotated[int | None, Field(ge=0)] = None
+    starting: Annotated[int | None, Field(ge=0)] = None
     reason: str | None = None
+    message: str | None = None
+    demand_tokens_per_second: Annotated[float | None, Field(alias="demandTokensPerSecond")] = None
     forecast_tokens_per_second: Annotated[float | None, Field(alias="forecastTokensPerSecond")] = (
         None
     )
     per_replica_tokens_per_second: Annotated[
         float | None, Field(alias="perReplicaTokensPerSecond")
+    ] = None
+    startup_seconds: Annotated[Seconds, Field(alias="startupSeconds")] = None
+    forecast_error: Annotated[float | None, Field(alias="forecastError", ge=0)] = None
+    victim: str | None = None
+    updated_at: Annotated[
+        str | None, Field(alias="updatedAt", json_schema_extra={"format": "date-time"})
+    ] = None
+    controller_state: Annotated[
+        str | None,
+        Field(
+            alias="controllerState",
+            max_length=4096,
+            description="The control law's state (JSON), so a restarted operator resumes it.",
+        ),
     ] = None
 
 
@@ -56,20 +89,29 @@ class RoutingStatus(_Status):
     updated_at: Annotated[
         str | None, Field(alias="updatedAt", json_schema_extra={"format": "date-time"})
     ] = None
+    reason: str | None = None
 
 
 class SLOStatus(_Status):
-    ttft_p99_seconds: Annotated[float | None, Field(alias="ttftP99Seconds")] = None
-    itl_p99_seconds: Annotated[float | None, Field(alias="itlP99Seconds")] = None
+    ttft_p99_seconds: Annotated[Seconds, Field(alias="ttftP99Seconds")] = None
+    itl_p99_seconds: Annotated[Seconds, Field(alias="itlP99Seconds")] = None
     attainment: Annotated[float | None, Field(ge=0, le=1)] = None
     window_seconds: Annotated[int | None, Field(alias="windowSeconds")] = None
+    minutes: Annotated[
+        list[int],
+        Field(max_length=60, description="Recent minutes: 1 within the SLO, 0 not (oldest first)."),
+    ] = []
 
 
 class CostStatus(_Status):
-    gpu_hours: Annotated[float | None, Field(alias="gpuHours")] = None
-    wasted_gpu_hours: Annotated[float | None, Field(alias="wastedGpuHours")] = None
+    gpu_hours: Annotated[float | None, Field(alias="gpuHours", ge=0)] = None
+    wasted_gpu_hours: Annotated[float | None, Field(alias="wastedGpuHours", ge=0)] = None
+    successful_requests: Annotated[float | None, Field(alias="successfulRequests", ge=0)] = None
+    tokens: Annotated[float | None, Field(ge=0)] = None
     per_successful_request: Annotated[float | None, Field(alias="perSuccessfulRequest")] = None
     per_million_tokens: Annotated[float | None, Field(alias="perMillionTokens")] = None
+    currency: str | None = None
+    since: Annotated[str | None, Field(json_schema_extra={"format": "date-time"})] = None
 
 
 class Decision(_Status):
@@ -78,6 +120,16 @@ class Decision(_Status):
     to_replicas: Annotated[int, Field(alias="toReplicas", ge=0)]
     reason: str
     message: str = ""
+    demand_tokens_per_second: Annotated[float | None, Field(alias="demandTokensPerSecond")] = None
+    forecast_tokens_per_second: Annotated[float | None, Field(alias="forecastTokensPerSecond")] = (
+        None
+    )
+    per_replica_tokens_per_second: Annotated[
+        float | None, Field(alias="perReplicaTokensPerSecond")
+    ] = None
+    ttft_p99_seconds: Annotated[Seconds, Field(alias="ttftP99Seconds")] = None
+    waiting: Annotated[float | None, Field(ge=0)] = None
+    kv_usage: Annotated[float | None, Field(alias="kvUsage", ge=0)] = None
 
 
 class LLMEndpointStatus(_Status):

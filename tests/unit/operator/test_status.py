@@ -130,7 +130,9 @@ def test_replica_events() -> None:
     assert replica_event(None, None, 1) is None
     assert replica_event(1, 1, 1) is None
     scaled = replica_event(1, 1, 2)
-    assert scaled is not None and scaled.reason == "Scaled"
+    assert scaled is not None and scaled.reason == "ScaledUp"
+    down = replica_event(3, 3, 2, "demand fell")
+    assert down is not None and down.reason == "ScaledDown" and down.message.endswith("demand fell")
     restored = replica_event(5, 1, 1)
     assert restored is not None and restored.reason == "ReplicasRestored"
     assert restored.type == "Warning"
@@ -152,3 +154,42 @@ def test_a_spec_the_operator_cannot_use_degrades_without_api_calls() -> None:
     assert degraded is not None and degraded["reason"] == "InvalidSpec"
     assert outcome.status["observedGeneration"] == 3
     assert [e.reason for e in outcome.events] == ["InvalidSpec"]
+
+
+def test_kstatus_conditions_follow_the_others() -> None:
+    from kvscale.conditions import Cond
+    from kvscale.status import kstatus
+
+    def by_type(conds: list[Cond]) -> dict[str, tuple[str, str]]:
+        return {c.type: (c.status, c.reason) for c in conds}
+
+    ok = [
+        Cond("Available", "True", "ReplicasReady", "1 of 1 ready"),
+        Cond("Progressing", "False", "Stable", "done"),
+        Cond("Degraded", "False", "AsExpected", "fine"),
+    ]
+    assert by_type(kstatus(ok)) == {
+        "Ready": ("True", "ReplicasReady"),
+        "Reconciling": ("False", "Settled"),
+        "Stalled": ("False", "AsExpected"),
+    }
+    rolling = [ok[0], Cond("Progressing", "True", "RollingOut", "0 of 1 up to date"), ok[2]]
+    assert by_type(kstatus(rolling))["Reconciling"] == ("True", "RollingOut")
+    assert by_type(kstatus(rolling))["Ready"] == ("False", "RollingOut")
+    stuck = [ok[0], rolling[1], Cond("Degraded", "True", "ImagePullFailed", "no image")]
+    assert by_type(kstatus(stuck)) == {
+        "Stalled": ("True", "ImagePullFailed"),
+        "Reconciling": ("False", "Stalled"),
+        "Ready": ("False", "ImagePullFailed"),
+    }
+    zero = [Cond("Available", "False", "ScaledToZero", "none"), ok[1], ok[2]]
+    assert by_type(kstatus(zero))["Ready"] == ("True", "ScaledToZero")
+    waiting = [Cond("Available", "False", "NoReplicasReady", "0 of 1"), ok[1], ok[2]]
+    assert by_type(kstatus(waiting))["Ready"] == ("False", "NoReplicasReady")
+
+
+def test_an_invalid_spec_is_stalled() -> None:
+    st = status.invalid_spec(4, "spec.model: bad", {}, "t1")
+    stalled = find(st["conditions"], "Stalled")
+    assert stalled is not None and stalled["status"] == "True"
+    assert stalled["reason"] == "InvalidSpec" and stalled["observedGeneration"] == 4

@@ -1,0 +1,81 @@
+"""What the API server says of an endpoint's pods, in the terms the loops use. Pure functions.
+
+Ready pods with an address are what a signal source reads; the counts (ready, starting, not
+placed) and the measured start-up time (pod created -> Ready) go into the snapshot's `Fleet`.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable
+from datetime import datetime
+from typing import Any
+
+from kvscale.signals.snapshot import Fleet
+from kvscale.signals.source import PodAddress
+
+JSON = dict[str, Any]
+
+
+def _time(text: str | None) -> float | None:
+    if not text:
+        return None
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+def _condition(pod: JSON, type_: str) -> JSON:
+    return next((c for c in pod.get("status", {}).get("conditions", []) if c["type"] == type_), {})
+
+
+def live(pods: Iterable[JSON]) -> list[JSON]:
+    """Pods that are not being deleted."""
+    return [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+
+
+def is_ready(pod: JSON) -> bool:
+    return _condition(pod, "Ready").get("status") == "True"
+
+
+def unschedulable(pod: JSON) -> bool:
+    cond = _condition(pod, "PodScheduled")
+    return cond.get("status") == "False" and cond.get("reason") == "Unschedulable"
+
+
+def created_at(pod: JSON) -> float | None:
+    return _time(pod["metadata"].get("creationTimestamp"))
+
+
+def startup_seconds(pods: Iterable[JSON]) -> float | None:
+    """Median time from creation to Ready of the ready pods (None before any is ready)."""
+    spans = []
+    for pod in pods:
+        ready = _condition(pod, "Ready")
+        start, end = created_at(pod), _time(ready.get("lastTransitionTime"))
+        if ready.get("status") == "True" and start is not None and end is not None:
+            spans.append(max(end - start, 0.0))
+    return statistics.median(spans) if spans else None
+
+
+def addresses(pods: Iterable[JSON], port: int) -> tuple[PodAddress, ...]:
+    """Ready, live pods that have an IP, sorted by name."""
+    found = [
+        PodAddress(p["metadata"]["name"], p["status"]["podIP"], port)
+        for p in live(pods)
+        if is_ready(p) and p.get("status", {}).get("podIP")
+    ]
+    return tuple(sorted(found, key=lambda a: a.name))
+
+
+def fleet(current: int, pods: Iterable[JSON]) -> Fleet:
+    alive = live(pods)
+    ready = sum(1 for p in alive if is_ready(p))
+    pending = [p for p in alive if unschedulable(p)]
+    reasons = sorted({_condition(p, "PodScheduled").get("message", "") for p in pending} - {""})
+    return Fleet(
+        current=current,
+        ready=ready,
+        starting=max(len(alive) - ready - len(pending), 0),
+        unschedulable=len(pending),
+        unschedulable_reason="; ".join(reasons),
+        startup_seconds=startup_seconds(alive),
+    )

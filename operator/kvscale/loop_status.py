@@ -1,0 +1,169 @@
+"""What the capacity loop writes into status, computed purely from a tick's results.
+
+`status.capacity` (the decision and its inputs, and the law's state so a restarted operator
+resumes it), `status.slo` (measured p99s and the share of recent intervals within the SLO),
+`status.cost` (GPU-hours, idle or warming GPU-hours, cost per successful request and per
+million tokens, accumulated between ticks) and `status.decisions` (the last ten changes).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from datetime import UTC, datetime
+from typing import Any
+
+from kvscale.api import v1alpha1 as api
+from kvscale.conditions import Cond
+from kvscale.controllers.capacity import CapacityState, Decision
+from kvscale.signals.snapshot import Snapshot
+
+JSON = dict[str, Any]
+DECISIONS_KEPT = 10
+SLO_WINDOW_S = 600.0  # attainment covers the intervals of the last ten minutes
+
+
+def stamp(at: float) -> str:
+    return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_stamp(text: str | None) -> float | None:
+    if not text:
+        return None
+    try:
+        return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
+    except ValueError:
+        return None
+
+
+def controller_state(old: JSON) -> CapacityState:
+    """The law's state as the last tick left it in status (a fresh one if none or unreadable)."""
+    raw = (old.get("capacity") or {}).get("controllerState")
+    try:
+        return CapacityState.from_dict(json.loads(raw) if raw else None)
+    except ValueError:
+        return CapacityState()
+
+
+def metrics_condition(snap: Snapshot) -> Cond:
+    if snap.problem is None:
+        n = len(snap.replicas)
+        return Cond("MetricsAvailable", "True", "Fresh", f"Signals of {n} replica(s) read")
+    return Cond("MetricsAvailable", "False", snap.problem.value, snap.message or "No signals")
+
+
+def capacity(decision: Decision, snap: Snapshot, now: float, draining: str | None) -> JSON:
+    fleet = snap.fleet
+    state = json.dumps(decision.state.to_dict(), separators=(",", ":"), allow_nan=False)
+    return _clean(
+        {
+            "desired": decision.desired,
+            "current": fleet.current,
+            "ready": fleet.ready,
+            "starting": fleet.starting,
+            "reason": decision.reason,
+            "message": decision.message,
+            "demandTokensPerSecond": _round(decision.demand_tokens_per_s),
+            "forecastTokensPerSecond": _round(decision.forecast_tokens_per_s),
+            "perReplicaTokensPerSecond": _round(decision.per_replica_tokens_per_s),
+            "startupSeconds": _round(decision.state.startup_s),
+            "forecastError": _round(decision.state.forecaster.error, 3),
+            "victim": draining,
+            "updatedAt": stamp(now),
+            "controllerState": state,
+        }
+    )
+
+
+def slo(old: JSON, snap: Snapshot, spec: api.LLMEndpointSpec) -> JSON:
+    """Measured p99s and the share of recent intervals whose p99s met the SLO.
+
+    Idle intervals (nothing served, nothing waiting) say nothing about the SLO and are skipped.
+    """
+    before = old.get("slo") or {}
+    interval = spec.scaling.capacity_interval_seconds
+    keep = max(1, min(60, math.ceil(SLO_WINDOW_S / interval)))
+    minutes = list(before.get("minutes") or [])
+    latency = snap.latency
+    busy = snap.successes_per_s > 0 or snap.waiting > 0 or snap.running > 0
+    if snap.ok and busy and (latency.ttft_p99 is not None or latency.itl_p99 is not None):
+        met = (latency.ttft_p99 is None or latency.ttft_p99 <= spec.slo.ttft_p99_seconds) and (
+            latency.itl_p99 is None or latency.itl_p99 <= spec.slo.itl_p99_seconds
+        )
+        minutes = [*minutes, int(met)][-keep:]
+    return _clean(
+        {
+            "ttftP99Seconds": _round(latency.ttft_p99, 4),
+            "itlP99Seconds": _round(latency.itl_p99, 4),
+            "attainment": round(sum(minutes) / len(minutes), 4) if minutes else None,
+            "windowSeconds": keep * interval,
+            "minutes": minutes,
+        }
+    )
+
+
+def cost(old: JSON, snap: Snapshot, spec: api.LLMEndpointSpec, now: float) -> JSON:
+    """Accumulated cost since the endpoint's first tick.
+
+    GPU-hours count every replica that exists (replica-hours when `gpusPerReplica` is 0); the
+    wasted share is replicas still warming up plus ready replicas that served nothing.
+    """
+    before = old.get("cost") or {}
+    last = parse_stamp((old.get("capacity") or {}).get("updatedAt"))
+    interval = spec.scaling.capacity_interval_seconds
+    dt = min(max(now - last, 0.0), 2.0 * interval) if last is not None else 0.0
+    gpus = max(spec.resources.gpus_per_replica, 1)
+    fleet = snap.fleet
+    idle = sum(1 for r in snap.replicas if r.tokens_per_s == 0 and r.running == 0)
+    hours = float(before.get("gpuHours") or 0.0) + fleet.current * gpus * dt / 3600
+    wasted = float(before.get("wastedGpuHours") or 0.0) + (
+        (max(fleet.current - fleet.ready, 0) + idle) * gpus * dt / 3600
+    )
+    served = float(before.get("successfulRequests") or 0.0) + snap.successes_per_s * dt
+    tokens = float(before.get("tokens") or 0.0) + snap.tokens_per_s * dt
+    spent = hours * spec.cost.gpu_hour_price
+    return _clean(
+        {
+            "gpuHours": round(hours, 6),
+            "wastedGpuHours": round(wasted, 6),
+            "successfulRequests": round(served, 3),
+            "tokens": round(tokens, 1),
+            "perSuccessfulRequest": round(spent / served, 6) if served >= 1 else None,
+            "perMillionTokens": round(spent / tokens * 1e6, 4) if tokens >= 1 else None,
+            "currency": spec.cost.currency,
+            "since": before.get("since") or stamp(now),
+        }
+    )
+
+
+def decisions(old: JSON, decision: Decision, snap: Snapshot, now: float, was: int) -> list[JSON]:
+    """The last ten decisions that changed the replica count, newest last."""
+    kept = list(old.get("decisions") or [])
+    if decision.desired == was:
+        return kept
+    entry = _clean(
+        {
+            "time": stamp(now),
+            "fromReplicas": was,
+            "toReplicas": decision.desired,
+            "reason": decision.reason,
+            "message": decision.message,
+            "demandTokensPerSecond": _round(decision.demand_tokens_per_s),
+            "forecastTokensPerSecond": _round(decision.forecast_tokens_per_s),
+            "perReplicaTokensPerSecond": _round(decision.per_replica_tokens_per_s),
+            "ttftP99Seconds": _round(snap.latency.ttft_p99, 4),
+            "waiting": _round(snap.waiting, 2),
+            "kvUsage": _round(snap.kv_usage_max, 3),
+        }
+    )
+    return [*kept, entry][-DECISIONS_KEPT:]
+
+
+def _round(value: float | None, digits: int = 1) -> float | None:
+    if value is None or not math.isfinite(value):
+        return None
+    return round(value, digits)
+
+
+def _clean(obj: JSON) -> JSON:
+    return {k: v for k, v in obj.items() if v is not None}

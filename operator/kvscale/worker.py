@@ -1,0 +1,171 @@
+"""One asyncio task per endpoint: the only writer of its status and of its replica count.
+
+Kopf tells a worker that something changed (the endpoint or one of its children: `kick`); the
+worker reconciles at once and again every `RECONCILE_INTERVAL`, reads the signals every routing
+interval (so windows are full when the capacity loop needs them), and runs the capacity law
+every `capacityIntervalSeconds`. Periodic work lives here instead of a Kopf timer because Kopf
+puts a finalizer on every object a timer runs for, and a finalizer on a user's object makes
+uninstalling the operator before its endpoints wedge their deletion.
+
+The worker serialises everything it does for its endpoint, so status is computed from one read
+and written once per pass (a merge patch of the changed fields), and Events aggregate by count.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from kvscale.api import v1alpha1 as api
+from kvscale.capacity_tick import CapacityLoop
+from kvscale.kube import Kube, KubeError
+from kvscale.operator_metrics import OperatorMetrics
+from kvscale.reconcile import Event, Outcome, reconcile
+from kvscale.signals.source import SignalSource
+
+JSON = dict[str, Any]
+RECONCILE_INTERVAL = 30.0
+RETRY_DELAY = 5.0
+log = logging.getLogger("kvscale.worker")
+
+
+@dataclass(frozen=True)
+class Context:
+    """What every worker shares: API access, signal sources, metrics, the clock."""
+
+    kube: Kube
+    source: Callable[[api.SignalsSpec], SignalSource]
+    metrics: OperatorMetrics
+    clock: Callable[[], float] = time.time
+
+
+class EndpointWorker:
+    def __init__(self, ctx: Context, body: JSON) -> None:
+        self.ctx = ctx
+        self.namespace = body["metadata"]["namespace"]
+        self.name = body["metadata"]["name"]
+        self.body = body
+        self.written: JSON = {}
+        self.kicked = asyncio.Event()
+        self.capacity = CapacityLoop(ctx, self.namespace, self.name)
+        self._next_reconcile = 0.0
+        self._task: asyncio.Task[None] | None = None
+
+    # -- what the handlers call
+    def kick(self, body: JSON | None = None) -> None:
+        if body is not None:
+            self.body = body
+        self._next_reconcile = 0.0
+        self.kicked.set()
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name=f"kvscale:{self.namespace}/{self.name}")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        await self.capacity.close()
+        self.ctx.metrics.forget((self.namespace, self.name))
+
+    # -- the loop
+    async def _run(self) -> None:
+        while True:
+            try:
+                delay = await self._pass()
+            except asyncio.CancelledError:
+                raise
+            except (KubeError, OSError) as err:
+                log.warning(f"Pass over {self.namespace}/{self.name} failed: {err}")
+                delay = RETRY_DELAY
+            except Exception:
+                log.exception(f"Pass over {self.namespace}/{self.name} failed unexpectedly")
+                delay = RETRY_DELAY
+            self.kicked.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.kicked.wait(), timeout=max(delay, 0.05))
+
+    async def _pass(self) -> float:
+        """One pass; returns the seconds until the next is due."""
+        now = self.ctx.clock()
+        body = self._body()
+        outcome: Outcome | None = None
+        if now >= self._next_reconcile:
+            outcome = await asyncio.to_thread(
+                reconcile, self.ctx.kube, body, self.capacity.desired(body), "",
+                self.capacity.conditions(),
+            )  # fmt: skip
+            self._next_reconcile = now + RECONCILE_INTERVAL
+            if outcome.invalid is not None:
+                await self._write(body, outcome.changes, outcome.events)
+                return RECONCILE_INTERVAL
+        tick = await self.capacity.tick(body, outcome, now)
+        if tick.rescale or (outcome is None and tick.status):
+            outcome = await asyncio.to_thread(
+                reconcile, self.ctx.kube, body, tick.desired, tick.why, self.capacity.conditions()
+            )
+        changes = dict(outcome.changes) if outcome else {}
+        merged = {**(outcome.status if outcome else {}), **tick.status}
+        old = body.get("status") or {}
+        changes.update({k: v for k, v in merged.items() if old.get(k) != v})
+        await self._write(body, changes, [*(outcome.events if outcome else []), *tick.events])
+        return min(tick.next_in, max(self._next_reconcile - self.ctx.clock(), 0.0))
+
+    def _body(self) -> JSON:
+        """The newest body seen, with what this worker wrote since overlaid on its status."""
+        status = {**(self.body.get("status") or {}), **self.written}
+        return {**self.body, "status": status}
+
+    async def _write(self, body: JSON, changes: JSON, events: list[Event]) -> None:
+        kube = self.ctx.kube
+        if changes:
+            await asyncio.to_thread(kube.patch_endpoint_status, self.namespace, self.name, changes)
+            self.written.update(changes)
+        involved = {"apiVersion": f"{api.GROUP}/{api.VERSION}", "kind": api.KIND, **body}
+        for event in events:
+            await asyncio.to_thread(
+                kube.post_event, involved, event.type, event.reason, event.message
+            )
+        if changes:
+            log.info(f"Updated the status of {self.namespace}/{self.name}: {sorted(changes)}")
+
+
+class Workers:
+    """The running workers, by endpoint uid; held in Kopf's memo, never in a module global."""
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self._by_uid: dict[str, EndpointWorker] = {}
+
+    def seen(self, body: JSON) -> None:
+        """An endpoint was listed, created or changed: start its worker or wake it."""
+        uid = body["metadata"]["uid"]
+        worker = self._by_uid.get(uid)
+        if worker is None:
+            worker = self._by_uid[uid] = EndpointWorker(self.ctx, body)
+            worker.start()
+        worker.kick(body)
+
+    def child_changed(self, owner_uid: str) -> None:
+        worker = self._by_uid.get(owner_uid)
+        if worker is not None:
+            worker.kick()
+
+    def pod_changed(self, namespace: str, endpoint: str) -> None:
+        for worker in self._by_uid.values():
+            if (worker.namespace, worker.name) == (namespace, endpoint):
+                worker.kick()
+
+    async def gone(self, uid: str) -> None:
+        worker = self._by_uid.pop(uid, None)
+        if worker is not None:
+            await worker.stop()
+
+    async def stop_all(self) -> None:
+        for uid in list(self._by_uid):
+            await self.gone(uid)
