@@ -8,8 +8,8 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-TRACES = Path(
-    os.environ.get("KVSCALE_TRACES", Path(__file__).resolve().parents[2] / "shared/data/traces")
+TRACES = Path(  # the full traces; the tests point KVSCALE_TRACES_DIR at tests/data/traces
+    os.environ.get("KVSCALE_TRACES_DIR", Path(__file__).resolve().parents[2] / "shared/data/traces")
 )
 AZURE_CODE = TRACES / "azure-llm-2023" / "AzureLLMInferenceTrace_code.csv"
 

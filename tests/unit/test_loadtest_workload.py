@@ -1,18 +1,19 @@
-"""Load-test workloads: traces read in place, length policy, arrivals, prompts, class mix."""
+"""Load-test workloads: traces (the committed sample), length policy, arrivals, prompts, mix."""
 
 from __future__ import annotations
 
 import itertools
 import random
 import statistics
+from pathlib import Path
 
 import pytest
 
-from kvscale.tools.loadtest import default_traces_dir
 from kvscale.tools.traces import (
     LengthPolicy,
     TraceError,
     TraceRequest,
+    default_traces_dir,
     load_trace,
     select,
     synthetic,
@@ -29,14 +30,15 @@ from kvscale.tools.workload import (
 
 @pytest.mark.parametrize(
     ("name", "rows", "span_s"),
-    [("azure-conv", 19366, 3501.7), ("azure-code", 8819, 3435.9), ("mooncake", 12031, 3537.0)],
+    [("azure-conv", 300, 84.03), ("azure-code", 300, 216.84), ("mooncake", 300, 102.0)],
 )
-def test_traces_load_from_the_shared_folder(name: str, rows: int, span_s: float) -> None:
+def test_traces_load_from_the_sample(name: str, rows: int, span_s: float) -> None:
+    assert default_traces_dir().parts[-3:] == ("tests", "data", "traces")  # tests/conftest.py
     trace = load_trace(name, default_traces_dir())
     assert len(trace) == rows
     times = [r.arrival_s or 0.0 for r in trace]
     assert times == sorted(times) and times[0] == 0.0
-    assert times[-1] == pytest.approx(span_s, abs=0.1)
+    assert times[-1] == pytest.approx(span_s, abs=0.01)
     assert all(r.input_len >= 1 and r.output_len >= 1 for r in trace)
 
 
@@ -46,9 +48,10 @@ def test_mooncake_rows_carry_prefix_blocks() -> None:
     assert trace[1].prefix_blocks[0] == 0  # shares the first block with request 0
 
 
-def test_missing_trace_is_a_clear_error(tmp_path: object) -> None:
-    with pytest.raises(TraceError, match="not found"):
-        load_trace("azure-conv", default_traces_dir() / "nowhere")
+def test_missing_trace_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KVSCALE_CACHE", str(tmp_path / "cache"))
+    with pytest.raises(TraceError, match=r"not found in .*nowhere, and could not download"):
+        load_trace("azure-conv", tmp_path / "nowhere")
     with pytest.raises(TraceError, match="unknown trace"):
         load_trace("sharegpt", default_traces_dir())
 

@@ -17,7 +17,6 @@ import argparse
 import asyncio
 import json
 import math
-import os
 import random
 import sys
 import time
@@ -46,6 +45,7 @@ from kvscale.tools.traces import (
     SYNTHETIC,
     LengthPolicy,
     TraceError,
+    default_traces_dir,
     load_trace,
     select,
     synthetic,
@@ -58,13 +58,6 @@ from kvscale.tools.workload import (
     plan,
     replay_arrivals,
 )
-
-REPO_ROOT = Path(__file__).resolve().parents[3]
-
-
-def default_traces_dir() -> Path:
-    env = os.environ.get("KVSCALE_TRACES_DIR")
-    return Path(env) if env else REPO_ROOT.parent / "shared" / "data" / "traces"
 
 
 @dataclass(frozen=True)
@@ -176,7 +169,8 @@ def add_loadtest_parser(subparsers: Any) -> argparse.ArgumentParser:
     w = p.add_argument_group("workload")
     w.add_argument("--dataset", choices=DATASETS, default="random")
     w.add_argument("--traces-dir", type=Path, default=None,
-                   help="default: $KVSCALE_TRACES_DIR or ../shared/data/traces")  # fmt: skip
+                   help="default: $KVSCALE_TRACES_DIR, else ~/.cache/kvscale/traces "
+                        "(a missing public trace is downloaded there)")  # fmt: skip
     w.add_argument("--num-prompts", type=int, default=100)
     w.add_argument("--input-len", type=int, default=128, help="fixed/random datasets")
     w.add_argument("--output-len", type=int, default=64, help="fixed/random datasets")
