@@ -127,49 +127,43 @@ class DirectScrape(SignalSource):
         keep_s = self._keep_s[target.key] = max(self._keep_s.get(target.key, 0.0), target.window_s)
         for name in set(store) - {s.pod for s in scraped}:
             del store[name]  # no longer ready: its history would only mislead a later window
-        failed = [s for s in scraped if s.sample is None]
-        incomplete: dict[str, tuple[str, ...]] = {}
         windows, unread, no_window = [], [], []
         for result in scraped:
             history = store.setdefault(result.pod, [])
             if result.sample is not None:
-                if gone := result.sample.missing():
-                    incomplete[result.pod] = gone
                 history.append(result.sample)
                 del history[: base_index(history, keep_s)]
                 del history[:-MAX_SAMPLES_PER_POD]
-            if not history:
-                unread.append(result.pod)
-                continue
             window = replica_window(result.pod, history, target.window_s, now)
-            if window is None:
+            if window is not None:
+                windows.append(window)
+            elif history:
                 no_window.append(result.pod)
             else:
-                windows.append(window)
-        troubles = []
-        if failed and (len(failed) == len(scraped) or unread):
-            names = [s.pod for s in failed] if len(failed) == len(scraped) else unread
-            troubles.append(
-                Trouble(
-                    Problem.UNREACHABLE,
-                    f"Metrics of {replicas_named(names)} could not be read ({failed[0].error})",
-                )
-            )
-        if incomplete:
-            names = sorted(incomplete)
-            families = ", ".join(incomplete[names[0]])
-            troubles.append(
-                Trouble(Problem.MISSING, f"Metrics of {replicas_named(names)} lack {families}")
-            )
-        if no_window:
-            troubles.append(
-                Trouble(
-                    Problem.MISSING,
-                    f"Metrics of {replicas_named(sorted(no_window))} were read once so far: "
-                    "rates need a second reading",
-                )
-            )
-        return windows, troubles
+                unread.append(result.pod)
+        return windows, _troubles(scraped, unread, no_window)
+
+
+def _troubles(scraped: list[Scraped], unread: list[str], no_window: list[str]) -> list[Trouble]:
+    """Nobody answered, or a replica never did; answers without the contract; no window yet."""
+    errors = {s.pod: s.error for s in scraped if s.sample is None}
+    troubles = []
+    names = list(errors) if errors and len(errors) == len(scraped) else unread
+    if names:
+        why = f"Metrics of {replicas_named(names)} could not be read ({errors[names[0]]})"
+        troubles.append(Trouble(Problem.UNREACHABLE, why))
+    incomplete = {s.pod: gone for s in scraped if s.sample and (gone := s.sample.missing())}
+    if incomplete:
+        names = sorted(incomplete)
+        why = f"Metrics of {replicas_named(names)} lack {', '.join(incomplete[names[0]])}"
+        troubles.append(Trouble(Problem.MISSING, why))
+    if no_window:
+        why = (
+            f"Metrics of {replicas_named(sorted(no_window))} were read once so far: "
+            "rates need a second reading"
+        )
+        troubles.append(Trouble(Problem.MISSING, why))
+    return troubles
 
 
 def _pending(routers: list[Scraped]) -> tuple[float, list[Trouble]]:
