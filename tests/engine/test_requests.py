@@ -63,9 +63,13 @@ def test_stop_string_is_cut_from_text_and_stream(make_engine: MakeEngine) -> Non
 
 
 def test_stop_token_id_ends_the_request(make_engine: MakeEngine) -> None:
-    greedy = generate(make_engine(), PROMPT, GREEDY)
+    # EOS ignored, so the reference has 24 tokens whatever the seeded weights say
+    no_eos = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    greedy = generate(make_engine(), PROMPT, no_eos)
     stop_id = greedy[4]
-    params = SamplingParams(temperature=0.0, max_tokens=24, stop_token_ids=[stop_id])
+    params = SamplingParams(
+        temperature=0.0, max_tokens=24, ignore_eos=True, stop_token_ids=[stop_id]
+    )
     out = run_to_completion(make_engine(), [PROMPT], params)["0"]
     assert out.output_token_ids == greedy[: greedy.index(stop_id) + 1]
     assert out.finish_reason == "stop"

@@ -83,6 +83,18 @@ def _printer_columns() -> list[JSON]:
             "type": "string",
             "jsonPath": '.status.conditions[?(@.type=="Available")].status',
         },
+        {
+            "name": "SLO",
+            "type": "number",
+            "description": "Share of recent minutes within the SLO",
+            "jsonPath": ".status.slo.attainment",
+        },
+        {
+            "name": "Reason",
+            "type": "string",
+            "priority": 1,
+            "jsonPath": ".status.capacity.reason",
+        },
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     ]
 

@@ -72,7 +72,7 @@ def test_crd_has_subresources_and_columns() -> None:
     version = crd()["spec"]["versions"][0]
     assert version["subresources"]["scale"]["labelSelectorPath"] == ".status.selector"
     names = [c["name"] for c in version["additionalPrinterColumns"]]
-    assert names == ["Model", "Desired", "Ready", "Available", "Age"]
+    assert names == ["Model", "Desired", "Ready", "Available", "SLO", "Reason", "Age"]
     conds = version["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]["conditions"]
     assert conds["x-kubernetes-list-type"] == "map"
     assert conds["x-kubernetes-list-map-keys"] == ["type"]
