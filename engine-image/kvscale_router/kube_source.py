@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
@@ -56,7 +57,11 @@ class KubeSource(ReplicaSource):
 
     async def run(self, table: ReplicaTable) -> None:
         settings = client.Configuration()
-        await config.load_config(client_configuration=settings)
+        kubeconfig = os.environ.get("KUBECONFIG")  # read now, not when the client was imported
+        if kubeconfig:
+            await config.load_kube_config(config_file=kubeconfig, client_configuration=settings)
+        else:
+            config.load_incluster_config(client_configuration=settings)  # type: ignore[no-untyped-call]
         async with client.ApiClient(configuration=settings) as api:
             core = client.CoreV1Api(api)
             await asyncio.gather(self._follow_pods(core, table), self._follow_weights(core, table))
