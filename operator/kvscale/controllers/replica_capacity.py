@@ -4,9 +4,9 @@ Throughput a replica sustained while the endpoint met its SLO is a lower bound o
 throughput at which the SLO broke while requests queued is an upper bound. With no bound yet the
 estimate is the prior (the spec's hint, else a conservative default), moved inside the bounds
 once there are any; with both bounds it is at least their geometric mean, so a pessimistic prior
-rises as replicas prove they carry more while staying below the load at which the SLO broke. Both bounds are slowly
-forgotten, because the workload's mix (prompt and output lengths) changes what a replica carries;
-a forgotten upper bound is how the estimate probes upward again.
+rises as replicas prove they carry more while staying below the load at which the SLO broke.
+Both bounds are slowly forgotten, because the workload's mix (prompt and output lengths) changes
+what a replica carries; a forgotten upper bound is how the estimate probes upward again.
 """
 
 from __future__ import annotations
