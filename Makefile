@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-stamp
 PYTEST := $(BIN)/pytest
 K8S_BIN = $(shell e2e/k8sbin/build.sh)
 
-.PHONY: venv system-deps k8s lint typecheck imports crds test test-unit test-engine \
+.PHONY: prereqs venv system-deps k8s lint typecheck imports crds test test-unit test-engine \
 	test-controlplane test-e2e demo bench cluster-up cluster-down image clean
 
 $(STAMP): pyproject.toml
@@ -18,6 +18,11 @@ $(STAMP): pyproject.toml
 	touch $@
 
 venv: $(STAMP)
+
+# What the local cluster needs (Python >= 3.11, Go >= e2e/k8sbin/go.mod's, root): all missing
+# pieces printed at once, before anything is installed or built
+prereqs:
+	@PY=$(PY) e2e/check-prereqs.sh
 
 system-deps:
 	e2e/install-system-deps.sh
@@ -44,18 +49,18 @@ test-unit: venv
 test-engine: venv
 	$(PYTEST) tests/engine
 
-test-controlplane: venv system-deps k8s
+test-controlplane: prereqs venv system-deps k8s
 	KVSCALE_K8S_BIN=$(K8S_BIN) $(PYTEST) tests/controlplane
 
-test-e2e: venv system-deps k8s
+test-e2e: prereqs venv system-deps k8s
 	KVSCALE_K8S_BIN=$(K8S_BIN) $(PYTEST) e2e/tests
 
-test: lint typecheck imports test-unit test-engine test-controlplane test-e2e
+test: prereqs lint typecheck imports test-unit test-engine test-controlplane test-e2e
 
-demo: venv system-deps k8s
+demo: prereqs venv system-deps k8s
 	KVSCALE_K8S_BIN=$(K8S_BIN) $(BIN)/python -m kvscale_cluster.demo
 
-cluster-up: venv system-deps k8s
+cluster-up: prereqs venv system-deps k8s
 	KVSCALE_K8S_BIN=$(K8S_BIN) $(BIN)/python -m kvscale_cluster up
 
 cluster-down: venv

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Checks what `make test` and `make demo` need before they start, and prints everything missing
+# at once (exit 1), or nothing (exit 0):
+#   - Python >= 3.11 ($PY, default python3) with venv, for .venv;
+#   - a Go toolchain at least as new as e2e/k8sbin/go.mod's `go` line, unless the control-plane
+#     binaries are already built in the cache;
+#   - root: the local cluster puts pods in network namespaces (ip netns, veth, a bridge).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PY=${PY:-python3}
+missing=()
+
+# version_ge A B: A >= B for dotted versions
+version_ge() { [ "$(printf '%s\n%s\n' "$2" "$1" | sort -V | head -n1)" = "$2" ]; }
+
+if ! command -v "$PY" >/dev/null 2>&1; then
+  missing+=("Python >= 3.11 ($PY not found; install python3.11 and python3.11-venv, or set PY=)")
+elif ! "$PY" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
+  missing+=("Python >= 3.11 ($PY is $("$PY" -V 2>&1 | head -n1); install python3.11, or set PY=python3.11)")
+elif ! "$PY" -c 'import venv, ensurepip' >/dev/null 2>&1; then
+  missing+=("the venv module of $PY (apt-get install python3-venv)")
+fi
+
+go_needed=$(sed -n 's/^go \([0-9.]*\)$/\1/p' e2e/k8sbin/go.mod)
+cache="${KVSCALE_CACHE:-$HOME/.cache/kvscale}/k8s/$(cat e2e/k8sbin/VERSION)"
+built=1
+for b in kube-apiserver kube-controller-manager kube-scheduler etcd; do
+  [ -x "$cache/$b" ] || built=0
+done
+if [ "$built" = 0 ]; then
+  go=$(command -v go || { [ -x /usr/local/go/bin/go ] && echo /usr/local/go/bin/go; })
+  if [ -z "$go" ]; then
+    missing+=("Go >= $go_needed to build the control plane once (https://go.dev/dl/; none found)")
+  else
+    have=$("$go" env GOVERSION 2>/dev/null | sed 's/^go//')
+    version_ge "$have" "$go_needed" \
+      || missing+=("Go >= $go_needed to build the control plane once (found $have at $go)")
+  fi
+fi
+
+if [ "$(id -u)" != 0 ]; then
+  missing+=("root: the local cluster runs pods in network namespaces (run: sudo make ...)")
+fi
+
+if [ "${#missing[@]}" -gt 0 ]; then
+  echo "Missing prerequisites:" >&2
+  printf '  - %s\n' "${missing[@]}" >&2
+  exit 1
+fi
