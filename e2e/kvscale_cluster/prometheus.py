@@ -5,7 +5,9 @@ pod targets and ``__meta_kubernetes_pod_*`` labels over ``http_sd_configs``, so 
 below is exactly what a real cluster's Prometheus (``kubernetes_sd_configs: [{role: pod}]``) uses.
 Pods opt in with the usual annotations: ``prometheus.io/scrape: "true"``, ``prometheus.io/port``
 and ``prometheus.io/path`` (default ``/metrics``). Targets carry ``namespace``, ``pod`` and
-``node`` labels plus the pod's labels. Scrapes every 2 s; data is kept for 2 h.
+``node`` labels plus the pod's labels. Scrapes every 2 s; data is kept for 2 h. kvscale's
+recording and alerting rules (``manifests/prometheus/*-rules.yaml``) are loaded as a user's own
+Prometheus would load them, evaluated every 2 s.
 """
 
 from __future__ import annotations
@@ -22,6 +24,9 @@ from .ports import free_port
 from .wait import GiveUp, wait_for
 
 SCRAPE_INTERVAL = "2s"
+RULE_FILES = tuple(
+    sorted((Path(__file__).resolve().parents[2] / "manifests" / "prometheus").glob("*-rules.yaml"))
+)
 
 
 def _config(discovery_url: str) -> dict[str, object]:
@@ -53,6 +58,7 @@ def _config(discovery_url: str) -> dict[str, object]:
     ]
     return {
         "global": {"scrape_interval": SCRAPE_INTERVAL, "evaluation_interval": SCRAPE_INTERVAL},
+        "rule_files": [str(path) for path in RULE_FILES],
         "scrape_configs": [
             {
                 "job_name": "kubernetes-pods",

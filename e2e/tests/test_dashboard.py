@@ -1,0 +1,158 @@
+"""kvscale's Grafana dashboard: its JSON is rendered from render.py, every query parses, and every
+query over engine metrics returns data from the e2e Prometheus (which loads kvscale's recording
+rules) while a real engine pod of the tiny sample serves completions through its Service.
+
+Queries over metrics that nothing produces yet are listed in PENDING, named one by one: the
+operator's kvscale_operator:* gauges and the router's kvscale_router:* series. Remove a prefix
+from PENDING_PREFIXES when its producer lands, and those queries are held to the same test.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+import yaml
+from dashboard_queries import DASHBOARD, Query, dashboard_queries, load, substitute
+
+from kvscale_cluster.fixtures import Cluster, kubectl, wait_for
+from kvscale_cluster.install import ROOT, install_kvscale, uninstall_kvscale
+
+SAMPLE = ROOT / "manifests" / "samples" / "tiny-dummy.yaml"
+RENDER = DASHBOARD.parent / "render.py"
+PENDING_PREFIXES = ("kvscale_operator:", "kvscale_router:")
+PENDING = {
+    "Replicas ready / desired / ready",
+    "Replicas ready / desired / desired",
+    "Cost per successful request / cost",
+    "Metrics available / metrics",
+    "Capacity limited / limited",
+    "Demand vs capacity / {{endpoint}} demand",
+    "Demand vs capacity / {{endpoint}} forecast",
+    "Demand vs capacity / {{endpoint}} capacity of ready replicas",
+    "Replicas / {{endpoint}} desired",
+    "Replicas / {{endpoint}} ready",
+    "Replicas / {{endpoint}} max",
+    "Routing weights / {{endpoint}} {{pod}}",
+    "Scaling decisions (per 5 min) / {{endpoint}} {{reason}}",
+    "Requests within the SLO / {{endpoint}} attainment (operator)",
+    "Queue / {{kvscale_io_endpoint}} held by the router",
+    "Cost per successful request / {{endpoint}}",
+    "GPUs in use / {{endpoint}}",
+}
+
+
+def _pending(query: Query) -> bool:
+    return any(prefix in query.expr for prefix in PENDING_PREFIXES)
+
+
+def _values(namespace: str, endpoint: str) -> dict[str, str]:
+    return {"datasource": "prometheus", "namespace": namespace, "endpoint": endpoint}
+
+
+# -- the dashboard itself
+def test_dashboard_json_is_rendered_from_render_py() -> None:
+    done = subprocess.run(
+        [sys.executable, str(RENDER), "--check"], capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stderr
+
+
+def test_every_panel_and_variable_query_is_extracted() -> None:
+    dashboard = load()
+    queries = dashboard_queries(dashboard)
+    targets = sum(len(p.get("targets") or []) for p in dashboard["panels"])
+    assert len(queries) == targets + 2  # + the namespace and endpoint variables
+    assert {q.where for q in queries if _pending(q)} == PENDING
+
+
+def test_every_query_is_valid_promql(tmp_path: Path) -> None:
+    """promtool parses each expression (as a recording rule), the pending ones included."""
+    promtool = subprocess.run(["which", "promtool"], capture_output=True, text=True).stdout
+    assert promtool.strip(), "promtool is not installed (`make system-deps`)"
+    queries = dashboard_queries(load())
+    rules = [
+        {"record": f"dashboard:query_{i}", "expr": substitute(q.expr, _values("ns", "ep"))}
+        for i, q in enumerate(queries)
+    ]
+    path = tmp_path / "dashboard-rules.yaml"
+    path.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}))
+    done = subprocess.run(
+        [promtool.strip(), "check", "rules", str(path)], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+# -- on the cluster
+@pytest.fixture(scope="module")
+def installed(cluster: Cluster) -> Iterator[None]:
+    install_kvscale(lambda *args: kubectl(cluster, *args))
+    try:
+        yield
+    finally:
+        uninstall_kvscale(lambda *args: kubectl(cluster, *args))
+
+
+def _result(cluster: Cluster, expr: str) -> list[float]:
+    """The values of an instant query now (raises while Prometheus answers with an error)."""
+    response = httpx.get(
+        f"{cluster.prometheus_url}/api/v1/query", params={"query": expr}, timeout=5
+    )
+    body = response.json()
+    assert body["status"] == "success", body
+    return [float(item["value"][1]) for item in body["data"]["result"]]
+
+
+def _serve_load(base_url: str, model: str, stop: threading.Event) -> None:
+    """Completions one after another through the Service until ``stop``, so every rate and
+    latency window has fresh requests."""
+    client = openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=30)
+    turn = 0
+    while not stop.is_set():
+        prompt = f"A shared system prompt for the dashboard test. Request {turn} asks:"
+        # refusals and hiccups are data too: the queries judge the result
+        with contextlib.suppress(openai.APIError):
+            client.completions.create(model=model, prompt=prompt, max_tokens=8)
+        turn += 1
+
+
+def test_engine_queries_return_data_from_the_e2e_prometheus(
+    cluster: Cluster, installed: None, namespace: str
+) -> None:
+    body = yaml.safe_load(SAMPLE.read_text())
+    name, model = body["metadata"]["name"], body["spec"]["model"]["name"]
+    kubectl(cluster, "apply", "--server-side", "-n", namespace, "-f", str(SAMPLE))
+    kubectl(cluster, "-n", namespace, "wait", f"llme/{name}", "--for=condition=Available",
+            "--timeout=300s")  # fmt: skip
+    service = yaml.safe_load(
+        kubectl(cluster, "-n", namespace, "get", "svc", f"{name}-engine", "-o", "yaml").stdout
+    )
+    port = service["spec"]["ports"][0]["port"]
+    base_url = f"http://{service['spec']['clusterIP']}:{port}/v1"
+
+    stop = threading.Event()
+    load_thread = threading.Thread(target=_serve_load, args=(base_url, model, stop), daemon=True)
+    load_thread.start()
+    try:
+        values = _values(namespace, name)
+        for query in dashboard_queries(load()):
+            if _pending(query):
+                continue
+            expr = substitute(query.expr, values)
+
+            def has_data(expr: str = expr) -> bool:
+                found = _result(cluster, expr)
+                return bool(found) and all(math.isfinite(v) for v in found)
+
+            wait_for(has_data, 120, f"data for {query.where}: {expr}")
+    finally:
+        stop.set()
+        load_thread.join(timeout=60)
