@@ -1,10 +1,39 @@
-"""`kvscale`: run the operator, print the CRD, and the tools (load test, ...)."""
+"""`kvscale`: run the operator, print the CRD, and the tools (load test, simulator, planner).
+
+`pip install 'kvscale[operator]'` is enough for `kvscale operator` and `kvscale crd`. The tools
+need `kvscale[tools]` (numpy, plotting, ...), so they are imported only when one of them runs: the
+top-level parser knows their names, and each tool's own parser is built on demand.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib
+import importlib.util
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Tool:
+    """A subcommand in `kvscale.tools`, built by `module.adder(subparsers)` when it runs."""
+
+    name: str
+    module: str
+    adder: str
+    help: str
+
+
+TOOLS = (
+    Tool("loadtest", "kvscale.tools.loadtest", "add_loadtest_parser", "load-test an endpoint"),
+    Tool("simulate", "kvscale.tools.simulate", "add_simulate_parser", "simulate autoscaling"),
+    Tool("plan", "kvscale.tools.plan", "add_plan_parser", "plan capacity from a trace"),
+    Tool("profile", "kvscale.tools.profile", "add_profile_parser", "profile an engine replica"),
+)
+MISSING_TOOLS = (
+    "kvscale {name} needs the tools extra (no module {module!r}): pip install 'kvscale[tools]'"
+)
 
 
 def _operator(args: argparse.Namespace) -> int:
@@ -30,7 +59,7 @@ def _crd(args: argparse.Namespace) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    root = argparse.ArgumentParser(prog="kvscale", description=__doc__)
+    root = argparse.ArgumentParser(prog="kvscale", description=(__doc__ or "").split("\n\n")[0])
     sub = root.add_subparsers(dest="command", required=True)
 
     op = sub.add_parser("operator", help="run the operator (Kopf) against the current cluster")
@@ -44,14 +73,32 @@ def parser() -> argparse.ArgumentParser:
     crd = sub.add_parser("crd", help="print the LLMEndpoint CustomResourceDefinition")
     crd.set_defaults(func=_crd)
 
-    from kvscale.tools.loadtest import add_loadtest_parser
-
-    add_loadtest_parser(sub)
+    for tool in TOOLS:
+        if importlib.util.find_spec(tool.module) is not None:  # finds, does not import
+            sub.add_parser(tool.name, help=tool.help, add_help=False).set_defaults(tool=tool)
     return root
 
 
+def _run_tool(tool: Tool, argv: list[str]) -> int:
+    try:
+        module = importlib.import_module(tool.module)
+    except ModuleNotFoundError as err:
+        sys.stderr.write(MISSING_TOOLS.format(name=tool.name, module=err.name) + "\n")
+        return 2
+    root = argparse.ArgumentParser(prog="kvscale")
+    getattr(module, tool.adder)(root.add_subparsers(dest="command", required=True))
+    args = root.parse_args([tool.name, *argv])
+    return int(args.func(args))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    root = parser()
+    args, rest = root.parse_known_args(argv)
+    tool: Tool | None = getattr(args, "tool", None)
+    if tool is not None:
+        return _run_tool(tool, rest)
+    if rest:
+        root.error(f"unrecognized arguments: {' '.join(rest)}")
     return int(args.func(args))
 
 

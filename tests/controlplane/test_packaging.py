@@ -1,0 +1,75 @@
+"""`pip install 'kvscale[operator]'` in a clean venv runs the operator, without torch or the tools.
+
+A real install from the source tree (dependencies from the package index; pip's cache is fine):
+what the operator image installs, and what a user who only wants the operator gets.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from endpoint_helpers import ROOT
+
+SOURCES = ("pyproject.toml", "README.md", "operator", "engine-image", "e2e")
+NOT_FOR_THE_OPERATOR = {"torch", "numpy", "matplotlib", "tqdm", "transformers", "pandas"}
+
+
+def run(*argv: str | Path, check: bool = True) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run([str(a) for a in argv], capture_output=True, text=True, check=False)
+    if check and done.returncode != 0:
+        raise AssertionError(f"{argv} failed ({done.returncode}):\n{done.stdout}{done.stderr}")
+    return done
+
+
+@pytest.fixture(scope="module")
+def operator_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fresh venv with `kvscale[operator]` installed from a copy of the source tree."""
+    work = tmp_path_factory.mktemp("packaging")
+    src = work / "src"
+    ignore = shutil.ignore_patterns("__pycache__", "*.egg-info", "build", ".mypy_cache")
+    for name in SOURCES:
+        path = ROOT / name
+        if path.is_dir():
+            shutil.copytree(path, src / name, ignore=ignore)
+        else:
+            src.mkdir(exist_ok=True)
+            shutil.copy(path, src / name)
+    venv = work / "venv"
+    run(sys.executable, "-m", "venv", venv)
+    run(
+        venv / "bin" / "pip",
+        "install",
+        "--quiet",
+        "--disable-pip-version-check",
+        f"{src}[operator]",
+    )
+    return venv
+
+
+@pytest.mark.slow
+def test_the_operator_extra_installs_no_torch_and_no_tools(operator_venv: Path) -> None:
+    listed = run(operator_venv / "bin" / "pip", "list", "--format=json").stdout
+    installed = {p["name"].lower() for p in json.loads(listed)}
+    assert {"kvscale", "kopf", "kubernetes", "prometheus-api-client"} <= installed
+    assert not installed & NOT_FOR_THE_OPERATOR, installed & NOT_FOR_THE_OPERATOR
+
+
+@pytest.mark.slow
+def test_kvscale_operator_and_crd_run(operator_venv: Path) -> None:
+    kvscale = operator_venv / "bin" / "kvscale"
+    assert "--namespace" in run(kvscale, "operator", "--help").stdout
+    committed = (ROOT / "crds" / "llmendpoints.kvscale.io.yaml").read_text()
+    assert run(kvscale, "crd").stdout == committed
+    run(operator_venv / "bin" / "python", "-c", "import kvscale.handlers")  # what `operator` runs
+
+
+@pytest.mark.slow
+def test_a_tool_names_its_extra(operator_venv: Path) -> None:
+    done = run(operator_venv / "bin" / "kvscale", "loadtest", "--num-prompts", "1", check=False)
+    assert done.returncode == 2
+    assert "pip install 'kvscale[tools]'" in done.stderr, done.stderr
