@@ -4,6 +4,7 @@ DNS and find the Service variables in their environment."""
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import ipaddress
 import re
@@ -20,7 +21,9 @@ from kubernetes import client
 from manifests import PORT, service
 
 from kvscale_cluster.fixtures import Cluster, wait_for
-from kvscale_cluster.service_table import Backend, dns_records, routes, service_env
+from kvscale_cluster.kube_proxy import Proxy
+from kvscale_cluster.ports import free_port
+from kvscale_cluster.service_table import Backend, Route, dns_records, routes, service_env
 
 HELLO = re.compile(r"hello from (\S+) at")
 
@@ -221,13 +224,75 @@ def test_service_follows_readiness_and_deletion(
     wait_for(refused, 60, "connections refused with no Ready endpoint")
 
 
-@pytest.mark.parametrize("name", ["kubernetes.default", "no-such.default"])
-def test_cluster_dns_answers_on_the_bridge(cluster: Cluster, name: str) -> None:
-    query = dns.message.make_query(f"{name}.svc.cluster.local", "A")
-    answer = dns.query.udp(query, cluster.host_ip, timeout=5)
-    if name.startswith("kubernetes."):
-        cidr = ipaddress.ip_network(cluster.state.service_cidr)
-        addresses = [item.address for rrset in answer.answer for item in rrset]
-        assert addresses == [str(next(cidr.hosts()))]
-    else:
-        assert answer.rcode() == dns.rcode.NXDOMAIN
+def _ask(cluster: Cluster, name: str, tcp: bool = False) -> dns.message.Message:
+    query = dns.message.make_query(name, "A")
+    if tcp:
+        return dns.query.tcp(query, cluster.host_ip, timeout=5)
+    return dns.query.udp(query, cluster.host_ip, timeout=5)
+
+
+def _addresses(answer: dns.message.Message) -> list[str]:
+    return [item.address for rrset in answer.answer for item in rrset]
+
+
+def test_cluster_dns_answers_services_refuses_unknown_names_and_forwards_others(
+    cluster: Cluster,
+) -> None:
+    kubernetes_ip = str(next(ipaddress.ip_network(cluster.state.service_cidr).hosts()))
+    for tcp in (False, True):
+        answer = _ask(cluster, "kubernetes.default.svc.cluster.local", tcp)
+        assert _addresses(answer) == [kubernetes_ip]
+    assert _ask(cluster, "no-such.default.svc.cluster.local").rcode() == dns.rcode.NXDOMAIN
+    assert _addresses(_ask(cluster, "localhost")) == ["127.0.0.1"]  # the host's resolver
+
+
+# -- the proxy's data path, in process on loopback addresses
+async def _backend(name: str) -> tuple[asyncio.Server, int]:
+    """A TCP server that reads to end of stream, then answers its name and what it read."""
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        data = await reader.read()
+        writer.write(f"{name}:".encode() + data)
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    return server, server.sockets[0].getsockname()[1]
+
+
+async def _call(port: int, payload: bytes) -> bytes:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(payload)
+    writer.write_eof()  # the backend answers only after end of stream: half-close must pass
+    answer = await reader.read()
+    writer.close()
+    return answer
+
+
+def _route(*ports: int) -> Route:
+    return Route("ns", "web", "http", tuple(Backend("127.0.0.1", p) for p in ports))
+
+
+async def test_proxy_splices_round_robin_skips_dead_backends_and_refuses_without_any() -> None:
+    (one, one_port), (two, two_port) = await _backend("one"), await _backend("two")
+    dead, dead_port = await _backend("dead")
+    dead.close()
+    await dead.wait_closed()
+    listen = free_port("127.0.0.1")
+    proxy = Proxy()
+    try:
+        await proxy.apply({("127.0.0.1", listen): _route(one_port, two_port)})
+        answers = [await _call(listen, b"x" * 100_000) for _ in range(4)]
+        assert [a[:4] for a in answers] == [b"one:", b"two:", b"one:", b"two:"]
+        assert all(a.endswith(b"x" * 100_000) for a in answers)
+
+        await proxy.apply({("127.0.0.1", listen): _route(dead_port, two_port)})
+        assert {(await _call(listen, b"hi"))[:4] for _ in range(4)} == {b"two:"}
+
+        await proxy.apply({("127.0.0.1", listen): _route()})
+        with pytest.raises(ConnectionRefusedError):
+            await _call(listen, b"hi")
+    finally:
+        await proxy.apply({})
+        for server in (one, two):
+            server.close()
