@@ -10,9 +10,8 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
-from typing import Any
 
-import httpx
+import aiohttp
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
@@ -40,7 +39,7 @@ class Router:
     admission: Admission
     hold: Hold
     metrics: RouterMetrics
-    client: httpx.AsyncClient
+    client: aiohttp.ClientSession
 
 
 def error_response(status: int, message: str, type_: str, retry_after: int | None = None,
@@ -125,7 +124,7 @@ async def _send(
     cfg, picker, m = router.config, router.picker, router.metrics
     keys = block_keys(routed.prompt_view, cfg.block_size, cfg.max_blocks)
     cost = float(routed.cost_tokens)
-    headers = forwarded_headers(list(request.headers.items()))
+    headers = forwarded_headers(request.headers.items())
     tried: set[str] = set()
     for _ in range(cfg.max_attempts):
         choice = picker.pick(keys, cost, router.table.routable(), exclude=tried)
@@ -135,22 +134,21 @@ async def _send(
         tried.add(name)
         m.picks.labels(name, choice.reason).inc()
         url = router.table.pods[name].url + request.url.path
-        upstream_request = router.client.build_request("POST", url, headers=headers, content=body)
         picker.started(name, cost)
         _show_load(router, name)
         sent_at = time.perf_counter()
         try:
-            upstream = await router.client.send(upstream_request, stream=True)
-        except httpx.TransportError as exc:
+            upstream = await router.client.post(url, data=body, headers=headers)
+        except (aiohttp.ClientError, TimeoutError) as exc:
             _finish(router, name, cost)
             m.upstream_errors.labels(name, type(exc).__name__).inc()
             m.retries.labels("unreachable").inc()
             continue
         others = set(router.table.routable()) - tried
-        if upstream.status_code in RETRY_STATUSES and others and len(tried) < cfg.max_attempts:
-            await upstream.aclose()
+        if upstream.status in RETRY_STATUSES and others and len(tried) < cfg.max_attempts:
+            upstream.close()
             _finish(router, name, cost)
-            m.retries.labels(str(upstream.status_code)).inc()
+            m.retries.labels(str(upstream.status)).inc()
             continue
         return _relay(router, upstream, name, cost, cls, sent_at - arrival - waited)
     raise Refused(503, "no_replica", 1, cls.name,
@@ -158,7 +156,7 @@ async def _send(
 
 
 def _relay(
-    router: Router, upstream: httpx.Response, name: str, cost: float, cls: TrafficClass,
+    router: Router, upstream: aiohttp.ClientResponse, name: str, cost: float, cls: TrafficClass,
     before_s: float,
 ) -> Relay:  # fmt: skip
     m = router.metrics
@@ -166,7 +164,7 @@ def _relay(
     def done(outcome: str) -> None:
         _finish(router, name, cost)
         router.admission.leave(cls)
-        code = str(upstream.status_code) if outcome == "ok" else outcome
+        code = str(upstream.status) if outcome == "ok" else outcome
         m.requests.labels(name, code).inc()
         if outcome == "upstream_failed":
             m.upstream_errors.labels(name, "mid_stream").inc()
@@ -192,10 +190,10 @@ async def models(router: Router, request: Request) -> Response:
         return error_response(503, "No replica is ready.", "service_unavailable", 1)
     name = min(live, key=lambda n: router.picker.tokens.get(n, 0.0))
     try:
-        upstream = await router.client.get(router.table.pods[name].url + "/v1/models")
-    except httpx.TransportError as exc:
-        return error_response(503, f"Replica {name} is unreachable: {exc!r}",
-                              "service_unavailable", 1)  # fmt: skip
-    router.metrics.requests.labels(name, str(upstream.status_code)).inc()
-    body: Any = upstream.content
-    return Response(body, upstream.status_code, media_type="application/json")
+        async with router.client.get(router.table.pods[name].url + "/v1/models") as upstream:
+            body = await upstream.read()
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        message = f"Replica {name} is unreachable: {exc!r}"
+        return error_response(503, message, "service_unavailable", 1)
+    router.metrics.requests.labels(name, str(upstream.status)).inc()
+    return Response(body, upstream.status, media_type="application/json")

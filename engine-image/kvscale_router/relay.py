@@ -9,10 +9,10 @@ status line is already sent), as OpenAI does.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
+import aiohttp
 import anyio
-import httpx
 from starlette.types import Receive, Scope, Send
 
 from kvscale_router.protocol import sse_error
@@ -23,9 +23,8 @@ HOP_BY_HOP = frozenset(
 )  # fmt: skip
 
 
-def forwarded_headers(headers: httpx.Headers | list[tuple[str, str]]) -> list[tuple[str, str]]:
-    items = headers.multi_items() if isinstance(headers, httpx.Headers) else headers
-    return [(k, v) for k, v in items if k.lower() not in HOP_BY_HOP]
+def forwarded_headers(headers: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
+    return [(k, v) for k, v in headers if k.lower() not in HOP_BY_HOP]
 
 
 class Relay:
@@ -33,7 +32,7 @@ class Relay:
 
     def __init__(
         self,
-        upstream: httpx.Response,
+        upstream: aiohttp.ClientResponse,
         done: Callable[[str], None],
         first_byte: Callable[[float], None],
     ) -> None:
@@ -44,32 +43,34 @@ class Relay:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         headers = [(k.encode("latin-1"), v.encode("latin-1"))
-                   for k, v in forwarded_headers(self.upstream.headers)]  # fmt: skip
+                   for k, v in forwarded_headers(self.upstream.headers.items())]  # fmt: skip
         try:
             async with anyio.create_task_group() as tasks:
                 tasks.start_soon(self._watch, receive, tasks.cancel_scope)
-                await send({"type": "http.response.start", "status": self.upstream.status_code,
+                await send({"type": "http.response.start", "status": self.upstream.status,
                             "headers": headers})  # fmt: skip
                 await self._pump(send)
                 tasks.cancel_scope.cancel()
         except OSError:  # the client went away while we wrote (ASGI 2.4 servers)
             self.outcome = "client_disconnected"
         finally:
-            with anyio.CancelScope(shield=True):
-                await self.upstream.aclose()
+            if self.outcome == "ok":
+                self.upstream.release()  # the connection goes back to the pool
+            else:
+                self.upstream.close()  # the replica sees the disconnect and aborts
             self.done(self.outcome)
 
     async def _pump(self, send: Send) -> None:
         first = True
         try:
-            async for chunk in self.upstream.aiter_raw():
+            async for chunk in self.upstream.content.iter_any():
                 arrived = time.perf_counter()
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
                 if first:
                     self.first_byte(time.perf_counter() - arrived)
                     first = False
             self.outcome = "ok"
-        except httpx.HTTPError as exc:
+        except (aiohttp.ClientError, TimeoutError) as exc:
             self.outcome = "upstream_failed"
             if "text/event-stream" in self.upstream.headers.get("content-type", ""):
                 error = sse_error(f"The replica failed mid-stream: {exc!r}")

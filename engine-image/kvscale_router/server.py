@@ -12,7 +12,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator
 
-import httpx
+import aiohttp
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -30,7 +30,7 @@ from kvscale_router.replicas import ReplicaSource, ReplicaTable
 log = logging.getLogger(__name__)
 
 
-def build_router(config: RouterConfig, client: httpx.AsyncClient) -> proxy.Router:
+def build_router(config: RouterConfig, client: aiohttp.ClientSession) -> proxy.Router:
     metrics = RouterMetrics()
     table = ReplicaTable(config.warmup_s)
     picker = Picker(config.policy, config.epsilon, config.index_capacity)
@@ -60,9 +60,12 @@ async def _follow(source: ReplicaSource, router: proxy.Router) -> None:
 def create_app(config: RouterConfig, source: ReplicaSource) -> Starlette:
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        timeout = httpx.Timeout(None, connect=config.connect_timeout_s)
-        limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
-        async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
+        # aiohttp, not httpx: its connection pool costs several times less CPU per request
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=config.connect_timeout_s)
+        connector = aiohttp.TCPConnector(limit=0, force_close=False)
+        async with aiohttp.ClientSession(
+            connector=connector, timeout=timeout, auto_decompress=False
+        ) as client:
             app.state.router = build_router(config, client)
             task = asyncio.create_task(_follow(source, app.state.router))
             log.info("Router started with %s, policy %s", source.description, config.policy)
