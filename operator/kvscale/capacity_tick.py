@@ -27,6 +27,7 @@ from kvscale.controllers.capacity import CapacityState, Decision, decide
 from kvscale.engine_args import DRAIN_SECONDS, ENGINE_PORT
 from kvscale.kube import KubeError
 from kvscale.reconcile import Event, Outcome
+from kvscale.routing_tick import RoutingLoop
 from kvscale.signals.snapshot import Snapshot
 from kvscale.signals.source import SignalSource, Target
 
@@ -59,6 +60,7 @@ class Draining:
     current: int
     target: int
     why: str
+    requested: bool = False  # POST /drain sent (one routing tick after its weight went to 0)
 
 
 class CapacityLoop:
@@ -76,6 +78,7 @@ class CapacityLoop:
         self._source: SignalSource | None = None
         self._ips: dict[str, str] = {}  # ready pods' addresses at the last read
         self._client = httpx.AsyncClient()
+        self.routing = RoutingLoop(ctx, namespace, name)
 
     # -- read by the worker between ticks
     def desired(self, body: JSON) -> int | None:
@@ -119,7 +122,13 @@ class CapacityLoop:
         if capacity_due:
             self._next_capacity = now + scaling.capacity_interval_seconds
             tick = await self._decide(body, spec, snap, now, tick)
-        return replace(tick, next_in=min(self._next_capacity, self._next_fast) - now)
+        victims = {self.draining.pod} if self.draining else set()
+        routing = await self.routing.tick(spec, snap, pods, victims, now)
+        return replace(
+            tick,
+            status={**tick.status, **routing},
+            next_in=min(self._next_capacity, self._next_fast) - now,
+        )
 
     async def _observe(self, outcome: Outcome | None) -> tuple[list[JSON], int]:
         if outcome is not None and outcome.deployment is not None:
@@ -219,14 +228,11 @@ class CapacityLoop:
         )
 
     async def _start_drain(self, decision: Decision, snap: Snapshot, now: float) -> Event | None:
+        """Mark the victim: its weight goes to 0 now, its /drain follows one routing tick later."""
         victim = decision.victim
         ip = self._ips.get(victim or "")
         if victim is None or ip is None:
             return None
-        try:
-            await drain.start(self._client, ip)
-        except httpx.HTTPError:
-            ip = ""  # it cannot take work either: remove it without waiting
         self.draining = Draining(
             victim, ip, now, snap.fleet.current, decision.desired, decision.message
         )
@@ -241,6 +247,15 @@ class CapacityLoop:
         """Scale in once the victim has nothing in flight (or its drain deadline passed)."""
         victim = self.draining
         if victim is None:
+            return Tick()
+        if not victim.requested:
+            if now - victim.since < spec.scaling.routing_interval_seconds:
+                return Tick()  # routers first learn that its weight is 0
+            try:
+                await drain.start(self._client, victim.ip)
+                self.draining = replace(victim, requested=True)
+            except httpx.HTTPError:
+                self.draining = replace(victim, ip="", requested=True)  # it cannot take work
             return Tick()
         in_flight = 0
         if victim.ip:

@@ -45,6 +45,12 @@ def created_at(pod: JSON) -> float | None:
     return _time(pod["metadata"].get("creationTimestamp"))
 
 
+def ready_since(pod: JSON) -> float | None:
+    """When the pod last turned Ready (None when it is not)."""
+    ready = _condition(pod, "Ready")
+    return _time(ready.get("lastTransitionTime")) if ready.get("status") == "True" else None
+
+
 def startup_seconds(pods: Iterable[JSON]) -> float | None:
     """Median time from creation to Ready of the ready pods (None before any is ready)."""
     spans = []

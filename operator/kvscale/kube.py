@@ -96,11 +96,11 @@ class Kube:
         )
         return list((found or {}).get("items", []))
 
-    def apply(self, obj: JSON) -> JSON:
-        """Server-side apply, forced, as the operator's field manager."""
+    def apply(self, obj: JSON, manager: str = FIELD_MANAGER) -> JSON:
+        """Server-side apply, forced, as the operator's field manager (or `manager`)."""
         meta = obj["metadata"]
         path = self._path(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"])
-        query = [("fieldManager", FIELD_MANAGER), ("force", "true")]
+        query = [("fieldManager", manager), ("force", "true")]
         result = self.request("PATCH", path, obj, query, "application/apply-patch+yaml")
         if result is None:
             raise KubeError(404, f"{obj['kind']} {meta['name']} vanished while applying")

@@ -17,6 +17,7 @@ from kvscale import children, status
 from kvscale.api import v1alpha1 as api
 from kvscale.conditions import Cond
 from kvscale.kube import Kube
+from kvscale.router_children import render_router
 
 JSON = dict[str, Any]
 
@@ -121,9 +122,12 @@ def reconcile(
     before = kube.get("apps/v1", "Deployment", owner.namespace, name)
     if desired is None or spec.pinned:
         desired = children.desired_replicas(spec)
+    else:
+        desired = min(max(desired, spec.scaling.min_replicas), spec.scaling.max_replicas)
     problems = model_problems(kube, owner.namespace, spec)
-    applied = [kube.apply(obj) for obj in children.render(owner, spec, desired)]
-    deployment = applied[-1]
+    engine = [kube.apply(obj) for obj in children.render(owner, spec, desired)]
+    applied = [*engine, *(kube.apply(obj) for obj in render_router(owner, spec))]
+    deployment = engine[-1]
     pods = kube.list_pods(owner.namespace, children.selector_string(owner.name))
 
     events: list[Event] = []

@@ -95,26 +95,29 @@ class EndpointWorker:
         now = self.ctx.clock()
         body = self._body()
         outcome: Outcome | None = None
+        events: list[Event] = []
         if now >= self._next_reconcile:
-            outcome = await asyncio.to_thread(
-                reconcile, self.ctx.kube, body, self.capacity.desired(body), "",
-                self.capacity.conditions(),
-            )  # fmt: skip
+            outcome = await self._reconcile(body, self.capacity.desired(body), "")
             self._next_reconcile = now + RECONCILE_INTERVAL
+            events += outcome.events
             if outcome.invalid is not None:
-                await self._write(body, outcome.changes, outcome.events)
+                await self._write(body, outcome.changes, events)
                 return RECONCILE_INTERVAL
+        before = self.capacity.conditions()
         tick = await self.capacity.tick(body, outcome, now)
-        if tick.rescale or (outcome is None and tick.status):
-            outcome = await asyncio.to_thread(
-                reconcile, self.ctx.kube, body, tick.desired, tick.why, self.capacity.conditions()
-            )
-        changes = dict(outcome.changes) if outcome else {}
-        merged = {**(outcome.status if outcome else {}), **tick.status}
+        events += tick.events
+        if tick.rescale or self.capacity.conditions() != before:
+            outcome = await self._reconcile(body, tick.desired, tick.why)
+            events += outcome.events
         old = body.get("status") or {}
-        changes.update({k: v for k, v in merged.items() if old.get(k) != v})
-        await self._write(body, changes, [*(outcome.events if outcome else []), *tick.events])
+        merged = {**(outcome.status if outcome else {}), **tick.status}
+        changes = {k: v for k, v in merged.items() if old.get(k) != v}
+        await self._write(body, changes, events)
         return min(tick.next_in, max(self._next_reconcile - self.ctx.clock(), 0.0))
+
+    async def _reconcile(self, body: JSON, desired: int | None, why: str) -> Outcome:
+        conditions = self.capacity.conditions()
+        return await asyncio.to_thread(reconcile, self.ctx.kube, body, desired, why, conditions)
 
     def _body(self) -> JSON:
         """The newest body seen, with what this worker wrote since overlaid on its status."""

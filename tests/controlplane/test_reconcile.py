@@ -187,15 +187,21 @@ def test_restart_leaves_no_duplicates_or_orphans(
     with run_operator(cluster):
         wait_available(api, namespace, ready=1)
     selector = "app.kubernetes.io/managed-by=kvscale"
-    for collection in (
-        "apis/apps/v1/namespaces/{ns}/deployments",
-        "api/v1/namespaces/{ns}/services",
-        "apis/policy/v1/namespaces/{ns}/poddisruptionbudgets",
-        "apis/apps/v1/namespaces/{ns}/replicasets",
-    ):
+    expected = {
+        "apis/apps/v1/namespaces/{ns}/deployments": ["chat-engine", "chat-router"],
+        "api/v1/namespaces/{ns}/services": ["chat", "chat-engine"],
+        "apis/policy/v1/namespaces/{ns}/poddisruptionbudgets": ["chat-engine"],
+        "api/v1/namespaces/{ns}/configmaps": ["chat-routing"],
+        "api/v1/namespaces/{ns}/serviceaccounts": ["chat-router"],
+    }
+    for collection, names in expected.items():
         path = "/" + collection.format(ns=namespace)
         items = (api.request("GET", path, query=[("labelSelector", selector)]) or {})["items"]
-        assert len(items) == 1, f"{path}: {[i['metadata']['name'] for i in items]}"
+        assert sorted(i["metadata"]["name"] for i in items) == names, path
+    replicasets = "/" + f"apis/apps/v1/namespaces/{namespace}/replicasets"
+    items = (api.request("GET", replicasets, query=[("labelSelector", selector)]) or {})["items"]
+    owners = sorted(i["metadata"]["ownerReferences"][0]["name"] for i in items)
+    assert owners == ["chat-engine", "chat-router"], owners
 
 
 def test_deleting_the_endpoint_collects_its_children(

@@ -1,0 +1,85 @@
+"""The routing loop of one endpoint around the pure weights law, every routing interval.
+
+It feeds `controllers.routing.decide` the replicas' signals (read by the capacity loop's source
+at the same cadence), which pods are still warming up and which one is being drained, then
+publishes the weights where the router watches them (the `<endpoint>-routing` ConfigMap, under
+its own field manager so the reconcile's apply of the empty ConfigMap never erases them) and in
+`status.routing`. Weights are published only when they change.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Collection
+from typing import TYPE_CHECKING, Any
+
+from kvscale import fleet, loop_status
+from kvscale.api import v1alpha1 as api
+from kvscale.controllers.routing import RoutingParams, RoutingState, decide
+from kvscale.router_children import routing_configmap_name
+from kvscale.signals.snapshot import Snapshot
+
+if TYPE_CHECKING:
+    from kvscale.worker import Context
+
+JSON = dict[str, Any]
+WARMUP_S = 10.0  # a replica gets traffic this long after it turned Ready
+ROUTING_MANAGER = "kvscale-routing"
+WEIGHTS_KEY = "weights.json"
+
+
+def warming(pods: Collection[JSON], now: float) -> set[str]:
+    """Ready pods whose readiness is younger than the warm-up."""
+    young = set()
+    for pod in fleet.live(pods):
+        since = fleet.ready_since(pod)
+        if fleet.is_ready(pod) and since is not None and now - since < WARMUP_S:
+            young.add(pod["metadata"]["name"])
+    return young
+
+
+class RoutingLoop:
+    def __init__(self, ctx: Context, namespace: str, name: str) -> None:
+        self.ctx = ctx
+        self.namespace = namespace
+        self.name = name
+        self.state = RoutingState()
+        self.published: dict[str, float] | None = None
+
+    async def tick(
+        self,
+        spec: api.LLMEndpointSpec,
+        snap: Snapshot,
+        pods: list[JSON],
+        draining: Collection[str],
+        now: float,
+    ) -> JSON:
+        """`status.routing` when the weights changed, else nothing."""
+        names = [a.name for a in fleet.addresses(pods, 0)]
+        params = RoutingParams(ttft_slo_s=spec.slo.ttft_p99_seconds)
+        decision = decide(names, snap.replicas, warming(pods, now), draining, self.state, params)
+        self.state = decision.state
+        self.ctx.metrics.weights((self.namespace, self.name), decision.weights)
+        if decision.weights == self.published:
+            return {}
+        stamp = loop_status.stamp(now)
+        body = {"weights": decision.weights, "updatedAt": stamp, "reason": decision.reason}
+        configmap = {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {
+                "name": routing_configmap_name(self.name),
+                "namespace": self.namespace,
+            },
+            "data": {WEIGHTS_KEY: json.dumps(body, sort_keys=True)},
+        }
+        await asyncio.to_thread(self.ctx.kube.apply, configmap, ROUTING_MANAGER)
+        self.published = dict(decision.weights)
+        return {
+            "routing": {
+                "weights": decision.weights,
+                "updatedAt": stamp,
+                "reason": f"{decision.reason}: {decision.message}",
+            }
+        }
