@@ -2,13 +2,21 @@
 
 Run by `bench/gpu_check.sh` (which first runs the correctness tier on CUDA); writes
 bench/results/gpu.json. The KV pool is sized by the real memory budget (profiling pass), not by an
-override, so this also checks the budget path. Each phase stops early if the deadline nears.
+override, so this also checks the budget path. Both sides are warmed up first (kernels, the
+FlexAttention compile, cuBLAS handles), HF's static batch size is swept up to 256, and every phase
+stops early when the deadline nears, recording what it skipped.
+
+`python -m bench.gpu_check --cpu-smoke` runs the same code on the CPU with a tiny model and
+workload (fp32, a few seconds), so the path can be checked without a GPU; it prints its result
+and writes nothing.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,77 +27,145 @@ from bench.machine import describe
 from bench.workloads import Request, anyscale
 from kvscale_engine.model_config import NAMED_ARCHS
 
-ARCH = "llama-3-8b"
-WORKLOAD = {"requests": 256, "prompt_len": 512, "mean_output": 128, "cap": 512}
-HF_SWEEP = [16, 64]
-CALIBRATION = 64
+
+@dataclass(frozen=True)
+class Setup:
+    arch: str
+    device: str
+    dtype: torch.dtype
+    requests: int
+    prompt_len: int
+    mean_output: int
+    cap: int
+    hf_sweep: tuple[int, ...]
+    sweep_seconds: float  # per batch size: whole batches until this much time has passed
+    max_num_seqs: int
+    max_model_len: int
+    max_num_batched_tokens: int
+    deadline_s: float
+    backends: tuple[str, ...]
 
 
-def run(deadline_s: float = 240.0) -> dict[str, Any]:
+GPU = Setup("llama-3-8b", "cuda", torch.bfloat16, 256, 512, 128, 512, (16, 32, 64, 128, 256),
+            25.0, 256, 2048, 8192, 190.0, ("flex", "reference"))  # fmt: skip
+CPU_SMOKE = Setup("llama-tiny", "cpu", torch.float32, 24, 16, 8, 16, (4, 8, 16, 32), 5.0, 32,
+                  256, 512, 120.0, ("reference",))  # fmt: skip
+WARMUP_REQUESTS = 8
+
+
+def run(p: Setup = GPU) -> dict[str, Any]:
     """Every phase records an error instead of ending the run, so one GPU session tells all."""
     start = time.perf_counter()
-    requests = anyscale(vocab=NAMED_ARCHS[ARCH]["vocab_size"], seed=0, count=WORKLOAD["requests"],
-                        prompt_len=WORKLOAD["prompt_len"], mean_output=WORKLOAD["mean_output"],
-                        cap=WORKLOAD["cap"])  # fmt: skip
-    result: dict[str, Any] = {"model": f"dummy:{ARCH} bf16", "workload": WORKLOAD}
+    left = lambda: p.deadline_s - (time.perf_counter() - start)  # noqa: E731
+    vocab = int(NAMED_ARCHS[p.arch]["vocab_size"])
+    requests = anyscale(p.requests, p.prompt_len, p.mean_output, p.cap, vocab, seed=0)
+    warmup = anyscale(WARMUP_REQUESTS, p.prompt_len, 16, 16, vocab, seed=1)
+    result: dict[str, Any] = {
+        "model": f"dummy:{p.arch} {str(p.dtype).removeprefix('torch.')} on {p.device}",
+        "workload": {k: getattr(p, k) for k in ("requests", "prompt_len", "mean_output", "cap")},
+    }
     continuous = None
-    for backend in ("flex", "reference"):
+    for backend in p.backends:
         try:
-            continuous = _run_kvscale(backend, requests, result)
+            continuous = _run_kvscale(p, backend, warmup, requests, result)
             break
         except Exception as error:  # report it and try the other attention path
             result[f"kvscale_{backend}_error"] = repr(error)[:2000]
-            torch.cuda.empty_cache()
+            _empty_cache(p)
     try:
-        hf_model = _hf_model()
-        sweep: dict[int, RunResult] = {}
-        for b in HF_SWEEP:
-            if sweep and time.perf_counter() - start > deadline_s * 0.6:
-                break
-            sweep[b] = run_hf_static(hf_model, requests[:CALIBRATION], b)
-        best_b = max(sweep, key=lambda b: sweep[b].tokens_per_s)
+        hf_model = _hf_model(p)
+        run_hf_static(hf_model, warmup, len(warmup))  # warm-up: kernels and cuBLAS handles
+        sweep = _sweep(p, hf_model, requests, left)
         result["hf_batch_size_sweep"] = {str(b): round(r.tokens_per_s, 1) for b, r in sweep.items()}
+        best_b = max(sweep, key=lambda b: sweep[b].tokens_per_s)
         hf = run_hf_static(hf_model, requests, best_b)
         result["hf_static"] = {**hf.summary(), "batch_size": best_b}
         if continuous is not None:
             result["continuous_vs_hf_static"] = round(continuous.tokens_per_s / hf.tokens_per_s, 2)
+            result["processed_tokens_ratio_hf_static_vs_continuous"] = round(
+                hf.processed_tokens / continuous.processed_tokens, 2
+            )
     except Exception as error:  # report it; the JSON is written either way
         result["hf_error"] = repr(error)[:2000]
     result["wall_s"] = round(time.perf_counter() - start, 1)
     return result
 
 
-def _run_kvscale(backend: str, requests: list[Request], result: dict[str, Any]) -> RunResult:
-    engine = make_engine(f"dummy:{ARCH}", max_model_len=2048, max_num_seqs=256,
-                         max_num_batched_tokens=8192, memory_fraction=0.85,
-                         attention_backend=backend)  # fmt: skip
+def _sweep(p: Setup, model: Any, requests: list[Request], left: Any) -> dict[int, RunResult]:
+    """Each batch size on whole batches of the workload, until its time share is used."""
+    sweep: dict[int, RunResult] = {}
+    for b in p.hf_sweep:
+        if sweep and left() < 2 * p.sweep_seconds:
+            break  # keep the time for the full run at the best size so far
+        done: list[RunResult] = []
+        for lo in range(0, len(requests), b):
+            done.append(run_hf_static(model, requests[lo : lo + b], b))
+            if sum(r.seconds for r in done) > p.sweep_seconds:
+                break
+        sweep[b] = _merge(done)
+    return sweep
+
+
+def _merge(runs: list[RunResult]) -> RunResult:
+    return RunResult(
+        sum(r.seconds for r in runs), sum(r.cpu_seconds for r in runs),
+        sum(r.output_tokens for r in runs), sum(r.processed_tokens for r in runs),
+        sum(r.steps for r in runs), 0, [o for r in runs for o in r.outputs],
+        max(r.max_batch for r in runs),
+    )  # fmt: skip
+
+
+def _run_kvscale(
+    p: Setup, backend: str, warmup: list[Request], requests: list[Request], result: dict[str, Any]
+) -> RunResult:
+    engine = make_engine(
+        f"dummy:{p.arch}", max_model_len=p.max_model_len, max_num_seqs=p.max_num_seqs,
+        max_num_batched_tokens=p.max_num_batched_tokens, memory_fraction=0.85,
+        attention_backend=backend, device=p.device,
+        dtype=str(p.dtype).removeprefix("torch."),
+    )  # fmt: skip
     budget = engine.model_runner.budget
-    assert budget is not None
-    result["kv_blocks"] = engine.block_manager.num_total_blocks
-    result["budget_gib"] = {
-        "total": budget.total_bytes / 2**30, "weights": budget.weight_bytes / 2**30,
-        "activation_peak": budget.activation_bytes / 2**30, "kv": budget.kv_bytes / 2**30,
-    }  # fmt: skip
+    if budget is not None:
+        result["kv_blocks"] = engine.block_manager.num_total_blocks
+        result["budget_gib"] = {
+            "total": budget.total_bytes / 2**30, "weights": budget.weight_bytes / 2**30,
+            "activation_peak": budget.activation_bytes / 2**30, "kv": budget.kv_bytes / 2**30,
+        }  # fmt: skip
+    warm = run_kvscale(engine, warmup)
+    result["kvscale_warmup_s"] = round(warm.seconds, 2)
+    engine.scheduler.computed_tokens = 0  # count only the measured run's work
     run = run_kvscale(engine, requests)
     result["kvscale_continuous"] = {**run.summary(), "attention": backend}
     del engine
-    torch.cuda.empty_cache()
+    _empty_cache(p)
     return run
 
 
-def _hf_model() -> Any:
-    from transformers import LlamaConfig, LlamaForCausalLM
+def _hf_model(p: Setup) -> Any:
+    from transformers import AutoModelForCausalLM, LlamaConfig
 
-    shape = {k: v for k, v in NAMED_ARCHS[ARCH].items() if k != "model_type"}
-    with torch.device("cuda"):
-        model: Any = LlamaForCausalLM(LlamaConfig(**shape))
-    return model.to(dtype=torch.bfloat16).eval()
+    shape = {k: v for k, v in NAMED_ARCHS[p.arch].items() if k != "model_type"}
+    with torch.device(p.device):
+        config = LlamaConfig(**shape)
+        model: Any = AutoModelForCausalLM.from_config(config, dtype=p.dtype)  # type: ignore[no-untyped-call]
+    return model.eval()
+
+
+def _empty_cache(p: Setup) -> None:
+    if p.device == "cuda":
+        torch.cuda.empty_cache()
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.gpu_check", description=__doc__)
+    parser.add_argument("--cpu-smoke", action="store_true", help="tiny run on the CPU")
+    args = parser.parse_args()
+    if args.cpu_smoke:
+        print(json.dumps(run(CPU_SMOKE), indent=2))
+        return
     out = Path(__file__).parent / "results" / "gpu.json"
     previous = json.loads(out.read_text()) if out.exists() else {}
-    result = previous | {"throughput": run(), "machine": describe()}
+    result = previous | {"throughput": run(GPU), "machine": describe()}
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result["throughput"], indent=2))
 

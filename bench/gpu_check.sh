@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # GPU check for the engine: the correctness tier on CUDA, then throughput with a dummy
 # Llama-3-8B-shaped model in bf16 (kvscale continuous vs HF static). Writes bench/results/gpu.json.
-# Budget: under 10 minutes on one H100/H200-class GPU. Not yet run on a GPU (see engine-image/README.md).
+# Budget: under 8 minutes on one H100/H200-class GPU (225 s correctness + 240 s throughput at most).
+# The correctness part ran on an H200 once (18 of 19; the failure, dummy weights differing by
+# device, is fixed since); this version has not run on a GPU yet (see engine-image/README.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
@@ -15,9 +17,9 @@ mkdir -p "$RESULTS"
 #    reference path, to keep compilation inside the time budget.
 start=$(date +%s)
 set +e
-KVSCALE_TEST_DEVICE=cuda timeout 200 "$PY" -m pytest -q -p no:cacheprovider \
+KVSCALE_TEST_DEVICE=cuda timeout 150 "$PY" -m pytest -q -p no:cacheprovider \
     tests/engine/test_correctness.py --junitxml="$RESULTS/gpu-correctness-flex.xml" | tail -n 15
-KVSCALE_TEST_DEVICE=cuda KVSCALE_TEST_ATTENTION=reference timeout 100 "$PY" -m pytest -q \
+KVSCALE_TEST_DEVICE=cuda KVSCALE_TEST_ATTENTION=reference timeout 75 "$PY" -m pytest -q \
     -p no:cacheprovider tests/engine/test_models.py tests/engine/test_requests.py \
     --junitxml="$RESULTS/gpu-correctness.xml" | tail -n 15
 status=$?  # of the second run; both are counted in gpu.json
@@ -40,4 +42,4 @@ print(report)
 PY
 
 # 2. Throughput: dummy Llama-3-8B shape, bf16, FlexAttention path (reference if flex fails).
-timeout 270 "$PY" -m bench.gpu_check
+timeout 240 "$PY" -m bench.gpu_check

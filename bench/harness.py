@@ -27,6 +27,7 @@ class RunResult:
     steps: int
     preemptions: int
     outputs: list[list[int]]
+    max_batch: int  # the most sequences one step ran: the batch size that actually ran
 
     @property
     def tokens_per_s(self) -> float:
@@ -42,6 +43,7 @@ class RunResult:
             "processed_tokens": self.processed_tokens,
             "steps": self.steps,
             "preemptions": self.preemptions,
+            "max_batch_ran": self.max_batch,
         }
 
 
@@ -52,10 +54,13 @@ def run_kvscale(engine: LLMEngine, requests: list[Request]) -> RunResult:
         params = SamplingParams(temperature=0.0, max_tokens=r.max_tokens, ignore_eos=True)
         engine.add_request(str(i), r.prompt, params)
     outputs: dict[str, list[int]] = {}
-    steps = 0
+    steps = max_batch = 0
     while engine.has_unfinished_requests():
         steps += 1
-        for out in engine.step():
+        step_outputs = engine.step()
+        ran = len(engine.scheduler.running) + sum(o.finished for o in step_outputs)
+        max_batch = max(max_batch, ran)
+        for out in step_outputs:
             if out.finished:
                 outputs[out.request_id] = out.output_token_ids
     seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
@@ -69,6 +74,7 @@ def run_kvscale(engine: LLMEngine, requests: list[Request]) -> RunResult:
         steps,
         stats.num_preemptions,
         ordered,
+        max_batch,
     )
 
 
@@ -97,7 +103,8 @@ def run_hf_static(model: Any, requests: list[Request], batch_size: int) -> RunRe
     for lo in range(0, len(requests), batch_size):
         batch = requests[lo : lo + batch_size]
         longest = max(r.max_tokens for r in batch)
-        ids = torch.tensor([r.prompt for r in batch])  # fixed-length prompts: no padding
+        # fixed-length prompts: no padding; inputs live where the model does
+        ids = torch.tensor([r.prompt for r in batch], device=model.device)
         out = model.generate(
             ids,
             attention_mask=torch.ones_like(ids),
@@ -112,5 +119,12 @@ def run_hf_static(model: Any, requests: list[Request], batch_size: int) -> RunRe
             row[prompt_len : prompt_len + r.max_tokens].tolist()
             for row, r in zip(out, batch, strict=True)
         ]
+        _sync(model.device)
     seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
-    return RunResult(seconds, cpu, sum(map(len, outputs)), processed, steps, 0, outputs)
+    most = min(batch_size, len(requests))
+    return RunResult(seconds, cpu, sum(map(len, outputs)), processed, steps, 0, outputs, most)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

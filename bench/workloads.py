@@ -12,6 +12,7 @@ TRACES = Path(  # the full traces; the tests point KVSCALE_TRACES_DIR at tests/d
     os.environ.get("KVSCALE_TRACES_DIR", Path(__file__).resolve().parents[2] / "shared/data/traces")
 )
 AZURE_CODE = TRACES / "azure-llm-2023" / "AzureLLMInferenceTrace_code.csv"
+AZURE_CONV = TRACES / "azure-llm-2023" / "AzureLLMInferenceTrace_conv.csv"
 
 
 @dataclass(frozen=True)
@@ -46,14 +47,22 @@ def shared_prefix(
     ]
 
 
-def azure_trace(count: int, max_len: int, seed: int = 0, path: Path = AZURE_CODE) -> list[Request]:
-    """A random sample of (prompt, output) lengths from the Azure 2023 code trace (heavy-tailed)."""
+def azure_trace(
+    count: int, max_len: int, vocab: int, seed: int = 0, path: Path = AZURE_CODE, scale: float = 1
+) -> list[Request]:
+    """A random sample of (prompt, output) lengths from an Azure 2023 trace (heavy-tailed).
+
+    Every prompt is its own random token sequence, so no two requests share a cached prefix.
+    `scale` shrinks both lengths (a CPU run keeps the trace's shape at a size it can afford).
+    """
     with path.open() as f:
         rows = [(int(r["ContextTokens"]), int(r["GeneratedTokens"])) for r in csv.DictReader(f)]
     rng = random.Random(seed)
-    sample = rng.sample(rows, count)
+    sample = [
+        (max(1, round(p * scale)), max(1, round(o * scale))) for p, o in rng.sample(rows, count)
+    ]
     return [
-        Request([5 + (i % 400) for i in range(min(p, max_len - 1))], max(1, min(o, max_len - p)))
+        Request([rng.randrange(5, vocab) for _ in range(p)], max(1, min(o, max_len - p)))
         for p, o in sample
         if p < max_len - 1
     ]
