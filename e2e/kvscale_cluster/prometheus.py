@@ -7,15 +7,20 @@ Pods opt in with the usual annotations: ``prometheus.io/scrape: "true"``, ``prom
 and ``prometheus.io/path`` (default ``/metrics``). Targets carry ``namespace``, ``pod`` and
 ``node`` labels plus the pod's labels. Scrapes every 2 s; data is kept for 2 h. kvscale's
 recording and alerting rules (``manifests/prometheus/*-rules.yaml``) are loaded as a user's own
-Prometheus would load them, evaluated every 2 s.
+Prometheus would load them, evaluated every 2 s. The operator's pod (label
+``app.kubernetes.io/name: kvscale-operator``) is scraped by its own job with ``honor_labels``:
+its ``kvscale_operator:*`` series carry the ``namespace`` of the endpoint they describe, which the
+pod's own ``namespace`` target label would otherwise push aside into ``exported_namespace``.
 """
 
 from __future__ import annotations
 
+import json
 import shutil
 import sys
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -27,6 +32,12 @@ SCRAPE_INTERVAL = "2s"
 RULE_FILES = tuple(
     sorted((Path(__file__).resolve().parents[2] / "manifests" / "prometheus").glob("*-rules.yaml"))
 )
+
+
+OPERATOR_POD = {
+    "source_labels": ["__meta_kubernetes_pod_label_app_kubernetes_io_name"],
+    "regex": "kvscale-operator",
+}
 
 
 def _config(discovery_url: str) -> dict[str, object]:
@@ -64,10 +75,25 @@ def _config(discovery_url: str) -> dict[str, object]:
                 "job_name": "kubernetes-pods",
                 "scrape_timeout": "1s",
                 "http_sd_configs": [{"url": discovery_url, "refresh_interval": SCRAPE_INTERVAL}],
-                "relabel_configs": relabel,
-            }
+                "relabel_configs": [{**OPERATOR_POD, "action": "drop"}, *relabel],
+            },
+            {
+                "job_name": "kvscale-operator",
+                "scrape_timeout": "1s",
+                "honor_labels": True,
+                "http_sd_configs": [{"url": discovery_url, "refresh_interval": SCRAPE_INTERVAL}],
+                "relabel_configs": [{**OPERATOR_POD, "action": "keep"}, *relabel],
+            },
         ],
     }
+
+
+def alerts(prometheus_url: str) -> list[dict[str, Any]]:
+    """The alerts Prometheus holds now, pending or firing (``/api/v1/alerts``), each with
+    ``labels``, ``annotations``, ``state`` and ``activeAt``."""
+    with urllib.request.urlopen(f"{prometheus_url}/api/v1/alerts", timeout=5) as response:
+        found: list[dict[str, Any]] = json.load(response)["data"]["alerts"]
+    return found
 
 
 def prometheus_binary() -> str:
