@@ -23,6 +23,7 @@ BENCHMARKS = {
     "server_overhead": "bench.server_overhead",
     "admission": "bench.admission",
     "operator_scale": "bench.operator_scale",
+    "service_proxy": "bench.service_proxy",
     "router_overhead": "bench.router_overhead",
 }
 
