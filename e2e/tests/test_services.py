@@ -7,7 +7,10 @@ from __future__ import annotations
 import asyncio
 import collections
 import ipaddress
+import json
 import re
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -21,6 +24,7 @@ from kubernetes import client
 from manifests import PORT, service
 
 from kvscale_cluster.fixtures import Cluster, wait_for
+from kvscale_cluster.install import ROOT
 from kvscale_cluster.kube_proxy import Proxy
 from kvscale_cluster.ports import free_port
 from kvscale_cluster.service_table import Backend, Route, dns_records, routes, service_env
@@ -296,3 +300,13 @@ async def test_proxy_splices_round_robin_skips_dead_backends_and_refuses_without
         await proxy.apply({})
         for server in (one, two):
             server.close()
+
+
+def test_service_proxy_benchmark_runs_in_quick_mode(tmp_path: Path) -> None:
+    """`python -m bench service_proxy` (its own small cluster) keeps working."""
+    command = [sys.executable, "-m", "bench", "service_proxy", "--quick", "--out", str(tmp_path)]
+    subprocess.run(command, cwd=ROOT, check=True, capture_output=True, timeout=600)
+    result = json.loads((tmp_path / "service_proxy.json").read_text())
+    assert result["requests_each"] == 100
+    for key in ("p50", "p99", "throughput"):
+        assert result[f"{key}_ratio_proxied_over_direct"] > 0
