@@ -29,7 +29,6 @@ TOOLS = (
     Tool("loadtest", "kvscale.tools.loadtest", "add_loadtest_parser", "load-test an endpoint"),
     Tool("simulate", "kvscale.tools.simulate", "add_simulate_parser", "simulate autoscaling"),
     Tool("plan", "kvscale.tools.plan", "add_plan_parser", "plan capacity from a trace"),
-    Tool("profile", "kvscale.tools.profile", "add_profile_parser", "profile an engine replica"),
 )
 MISSING_TOOLS = (
     "kvscale {name} needs the tools extra (no module {module!r}): pip install 'kvscale[tools]'"
