@@ -143,8 +143,16 @@ ROWS: list[tuple[str, list[dict[str, Any]]]] = [
             panel(
                 "Routing weights",
                 "percentunit",
-                [(f"kvscale_operator:routing_weight{{{S}}}", "{{endpoint}} {{pod}}")],
-                "The weight the router gives each replica (0 while warming up or draining).",
+                [
+                    (f"kvscale_operator:routing_weight{{{S}}}", "{{endpoint}} {{pod}} published"),
+                    (
+                        "max by (kvscale_io_endpoint, replica) "
+                        f"(kvscale_router:replica_weight{{{R}}})",
+                        "{{kvscale_io_endpoint}} {{replica}} as routed",
+                    ),
+                ],
+                "Each replica's weight as the operator publishes it and as the routers apply it "
+                "(0 while warming up or draining).",
             ),
             panel(
                 "Scaling decisions (per 5 min)",
@@ -277,6 +285,41 @@ ROWS: list[tuple[str, list[dict[str, Any]]]] = [
                 "percentunit",
                 [(f"kvscale_endpoint:prefix_cache_hits:ratio_rate1m{{{S}}}", "{{endpoint}}")],
                 "Share of prompt tokens served from the prefix cache.",
+            ),
+        ],
+    ),
+    (
+        "Router",
+        [
+            panel(
+                "Requests by status",
+                "reqps",
+                [
+                    (
+                        "sum by (kvscale_io_endpoint, code) "
+                        f"(rate(kvscale_router:requests_total{{{R}}}[1m]))",
+                        "{{kvscale_io_endpoint}} {{code}}",
+                    )
+                ],
+                "What clients got from the endpoint's Service, by HTTP status.",
+            ),
+            panel(
+                "Router added latency",
+                "s",
+                [
+                    (
+                        "histogram_quantile(0.99, sum by (kvscale_io_endpoint, le) "
+                        f"(rate(kvscale_router:added_latency_seconds_bucket{{{R}}}[1m])))",
+                        "{{kvscale_io_endpoint}} p99",
+                    ),
+                    (
+                        "histogram_quantile(0.5, sum by (kvscale_io_endpoint, le) "
+                        f"(rate(kvscale_router:added_latency_seconds_bucket{{{R}}}[1m])))",
+                        "{{kvscale_io_endpoint}} p50",
+                    ),
+                ],
+                "Time the router adds before a request reaches a replica, plus relaying its "
+                "first byte (queueing and holding excluded).",
             ),
         ],
     ),
