@@ -23,6 +23,11 @@ def describe() -> dict[str, Any]:
         "load_average_at_start": os.getloadavg(),
         "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
+    if os.getloadavg()[0] >= info["cpus_usable"]:
+        info["note"] = (
+            "busy: other jobs ran on this machine (load average at or above its CPU count), so "
+            "absolute rates are low and noisy; ratios are measured side by side in one run"
+        )
     if torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name(0)
         info["gpu_memory_gib"] = round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1)
