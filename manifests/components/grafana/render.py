@@ -244,8 +244,8 @@ ROWS: list[tuple[str, list[dict[str, Any]]]] = [
                     (f"kvscale_endpoint:requests_running:sum{{{S}}}", "{{endpoint}} running"),
                     (f"kvscale_endpoint:requests_waiting:sum{{{S}}}", "{{endpoint}} waiting"),
                     (
-                        f"sum by (kvscale_io_endpoint) (kvscale_router:pending_requests{{{R}}})",
-                        "{{kvscale_io_endpoint}} held by the router",
+                        f"kvscale_endpoint:router_pending_requests:sum{{{S}}}",
+                        "{{endpoint}} held by the routers",
                     ),
                 ],
             ),
