@@ -125,6 +125,7 @@ class Proxy:
 
     async def apply(self, table: dict[Address, Route]) -> None:
         self.table = table
+        self.turns = {a: turn for a, turn in self.turns.items() if a in table}
         wanted = {address for address, route in table.items() if route.backends}
         for address in set(self.servers) - wanted:
             self.servers.pop(address).close()
