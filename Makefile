@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-stamp
 PYTEST := $(BIN)/pytest
 K8S_BIN = $(shell e2e/k8sbin/build.sh)
 
-.PHONY: prereqs venv system-deps k8s lint typecheck imports crds test test-unit test-engine \
+.PHONY: profile prereqs venv system-deps k8s lint typecheck imports crds test test-unit test-engine \
 	test-controlplane test-e2e demo bench cluster-up cluster-down image clean
 
 $(STAMP): pyproject.toml
@@ -68,6 +68,10 @@ cluster-down: venv
 
 bench: venv
 	$(BIN)/python -m bench
+
+# sweep the real engine on this machine into operator/kvscale/profiles/<name>.json
+profile: venv
+	$(BIN)/python -m bench profile
 
 image:
 	engine-image/build-image.sh

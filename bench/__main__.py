@@ -25,6 +25,8 @@ BENCHMARKS = {
     "operator_scale": "bench.operator_scale",
     "service_proxy": "bench.service_proxy",
     "router_overhead": "bench.router_overhead",
+    "profile": "bench.profile",
+    "capacity_sim": "bench.capacity_sim",
 }
 
 

@@ -1,0 +1,66 @@
+"""`python -m bench capacity_sim`: kvscale's capacity law against the baselines on four traces.
+
+Each trace runs `kvscale simulate`'s comparison (kvscale.sim.compare): the same workload, derived
+endpoint spec, engine profile and seed for kvscale, static peak, reactive thresholds, HPA, KEDA
+and the oracle. The issue's targets for kvscale (>= 30% fewer GPU-hours than reactive, <= 1.25x
+the oracle, >= 99% of minutes within the SLO) are written next to the measured values with `met`
+true or false; nothing here is tuned to meet them. Settings per trace (rate scale to need several
+replicas, hours, step) are in `TRACES` and recorded in the result. Traces are read from
+`--traces-dir`'s default ($KVSCALE_TRACES_DIR or the cache; /work/shared/data/traces here).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from kvscale.sim.compare import Scenario, compare
+from kvscale.sim.plots import write_plots
+from kvscale.sim.profile import load_profile
+from kvscale.sim.report import summarise
+from kvscale.sim.run import Settings
+from kvscale.tools.traces import default_traces_dir
+
+PROFILE = os.environ.get("KVSCALE_SIM_PROFILE", "h200-kvscale-eager")
+PLOTS = Path(__file__).parent / "results" / "capacity_sim"
+# trace -> settings; Mooncake's prompts (p99 85k tokens) cannot start within 2 s on one replica
+TRACES: dict[str, dict[str, Any]] = {
+    "azure-conv": {"hours": 4.0, "rate_scale": 20.0, "dt": 1.0, "ttft": 2.0},
+    "azure-code": {"hours": 4.0, "rate_scale": 20.0, "dt": 1.0, "ttft": 2.0},
+    "mooncake": {"hours": 4.0, "rate_scale": 10.0, "dt": 1.0, "ttft": 10.0},
+    "servegen-m-large": {"hours": 14 * 24.0, "rate_scale": 0.25, "dt": 5.0, "ttft": 2.0},
+}
+QUICK_HOURS = 0.5
+
+
+def run(quick: bool = False) -> dict[str, Any]:
+    traces_dir = default_traces_dir()
+    profile = load_profile(PROFILE)
+    out: dict[str, Any] = {}
+    for name, cfg in TRACES.items():
+        scenario = Scenario(
+            trace=name,
+            traces_dir=traces_dir,
+            profile=profile,
+            hours=QUICK_HOURS if quick else cfg["hours"],
+            rate_scale=cfg["rate_scale"],
+            ttft_slo_s=cfg["ttft"],
+            settings=Settings(dt_s=cfg["dt"]),
+        )
+        start = time.perf_counter()
+        result = compare(scenario, jobs=min(2, len(os.sched_getaffinity(0))))
+        report = summarise(result)
+        report["wall_s"] = round(time.perf_counter() - start, 1)
+        report["plots"] = [str(p.relative_to(PLOTS.parents[1])) for p in write_plots(result, PLOTS)]
+        out[name] = report
+        print(f"capacity_sim: {name} done in {report['wall_s']} s", flush=True)
+    return {
+        "what": "kvscale's capacity law vs static/reactive/hpa/keda/oracle on simulated replicas",
+        "profile": PROFILE,
+        "traces_dir": str(traces_dir),
+        "quick": quick,
+        "traces": out,
+        "targets_met": {t: {k: v["met"] for k, v in r["targets"].items()} for t, r in out.items()},
+    }

@@ -1,0 +1,198 @@
+"""All policies on one trace: same workload, same spec, same profile, same seed.
+
+Steps: open the workload; derive the endpoint spec unless one is given (maximum length covering
+the trace, `maxNumSeqs`/`maxNumBatchedTokens` as `kvscale plan` recommends for the profile and
+SLO, `replicaCapacityTokensPerSecond` from the calibrated capacity as `kvscale plan` writes it);
+calibrate one replica's capacity; tune the oracle (the largest per-replica load at which a
+per-minute ceil(demand / load) schedule still meets the SLO in the target share of minutes, found
+by bisection on the first `ORACLE_TUNE_HOURS`); size static peak from it; then run each policy,
+in parallel processes when `jobs` > 1.
+"""
+
+from __future__ import annotations
+
+import math
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kvscale.api.v1alpha1 import LLMEndpointSpec
+from kvscale.sim import oracle as orc
+from kvscale.sim.arrivals import Shapes, Workload, open_workload
+from kvscale.sim.policies import HPA, Kvscale, Oracle, Policy, Reactive, Static
+from kvscale.sim.profile import EngineProfile
+from kvscale.sim.recorder import quantile_rows
+from kvscale.sim.run import Recording, Settings, limits_for, simulate, targets_for
+from kvscale.sim.sizing import recommend_limits
+
+POLICIES = ("kvscale", "static", "reactive", "hpa", "keda", "oracle")
+ORACLE_TUNE_HOURS = 1.0
+ORACLE_TUNE_STEPS = 5
+KEDA_WAITING_THRESHOLD = 5.0
+HPA_TARGET = 0.7
+
+
+@dataclass(frozen=True)
+class Scenario:
+    trace: str
+    traces_dir: Path
+    profile: EngineProfile
+    hours: float | None = None
+    time_scale: float = 1.0
+    rate_scale: float = 1.0
+    length_trace: str = "azure-conv"
+    ttft_slo_s: float = 2.0
+    itl_slo_s: float = 0.2
+    gpu_hour_price: float = 3.5
+    prior: bool = True  # replicaCapacityTokensPerSecond from the calibration, as `plan` does
+    spec: LLMEndpointSpec | None = None
+    settings: Settings = field(default_factory=Settings)
+    policies: tuple[str, ...] = POLICIES
+
+
+@dataclass
+class Comparison:
+    scenario: Scenario
+    spec: LLMEndpointSpec
+    capacity: orc.Capacity
+    oracle_tokens_per_s: float
+    needed: np.ndarray
+    demand_tokens: np.ndarray
+    recordings: dict[str, Recording]
+    duration_s: float
+
+
+def workload_of(s: Scenario) -> Workload:
+    return open_workload(
+        s.trace,
+        s.traces_dir,
+        hours=s.hours,
+        time_scale=s.time_scale,
+        rate_scale=s.rate_scale,
+        length_trace=s.length_trace,
+        seed=s.settings.seed,
+    )
+
+
+def derive_spec(
+    s: Scenario, shapes: Shapes, max_replicas: int, prior: float | None
+) -> LLMEndpointSpec:
+    longest = int(np.max(shapes.input + shapes.output))
+    max_len = min(max(2 ** math.ceil(math.log2(longest)), 4096), 131072)
+    context = float(np.mean(shapes.input + shapes.output / 2))
+    seqs, batched = recommend_limits(s.profile.kv_tokens, context, s.profile, s.itl_slo_s)
+    scaling: dict[str, Any] = {"minReplicas": 1, "maxReplicas": max_replicas}
+    if prior is not None:
+        scaling["replicaCapacityTokensPerSecond"] = round(prior, 1)
+    return LLMEndpointSpec.model_validate(
+        {
+            "model": {
+                "name": "sim",
+                "source": {"dummy": {"preset": "llama-3-8b"}},
+                "maxModelLen": max_len,
+            },
+            "engine": {"maxNumSeqs": seqs, "maxNumBatchedTokens": batched},
+            "resources": {"gpusPerReplica": s.profile.gpus_per_replica, "gpuType": s.profile.gpu},
+            "slo": {"ttftP99Seconds": s.ttft_slo_s, "itlP99Seconds": s.itl_slo_s},
+            "scaling": scaling,
+            "cost": {"gpuHourPrice": s.gpu_hour_price},
+        }
+    )
+
+
+def slo_fraction(rec: Recording, spec: LLMEndpointSpec) -> float:
+    ttft = np.nan_to_num(quantile_rows(rec.recorder.ttft, 0.99), nan=0.0)
+    itl = np.nan_to_num(quantile_rows(rec.recorder.itl, 0.99), nan=0.0)
+    ok = (ttft <= spec.slo.ttft_p99_seconds) & (itl <= spec.slo.itl_p99_seconds)
+    return float(ok.mean())
+
+
+def tune_oracle(s: Scenario, spec: LLMEndpointSpec, cap: orc.Capacity, demand: np.ndarray) -> float:
+    """The largest tokens/s per replica the oracle may plan with and still meet the SLO."""
+    hours = min(s.hours or math.inf, ORACLE_TUNE_HOURS)
+    wl = open_workload(
+        s.trace, s.traces_dir, hours=hours if math.isfinite(hours) else None,
+        time_scale=s.time_scale, rate_scale=s.rate_scale, length_trace=s.length_trace,
+        seed=s.settings.seed,
+    )  # fmt: skip
+    minutes = math.ceil(wl.duration_s / 60)
+    goal = spec.slo.attainment_target
+    lo, hi = 0.3 * cap.tokens_per_s, cap.tokens_per_s
+    scale = spec.scaling
+
+    def ok(per_replica: float) -> bool:
+        c = orc.Capacity(cap.requests_per_s, per_replica)
+        need = orc.needed_per_minute(demand[:minutes], c, scale.min_replicas, scale.max_replicas)
+        rec = simulate(wl, spec, s.profile, Oracle(need), int(need[0]), s.settings)
+        return slo_fraction(rec, spec) >= goal
+
+    if ok(hi):
+        return hi
+    for _ in range(ORACLE_TUNE_STEPS):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if ok(mid) else (lo, mid)
+    return lo
+
+
+def make_policy(name: str, spec: LLMEndpointSpec, needed: np.ndarray, static: int) -> Policy:
+    sc = spec.scaling
+    if name == "kvscale":
+        return Kvscale(spec)
+    if name == "static":
+        return Static(static)
+    if name == "reactive":
+        return Reactive(sc.min_replicas, sc.max_replicas)
+    if name == "hpa":
+        return HPA("hpa", sc.min_replicas, sc.max_replicas, HPA_TARGET, spec.engine.max_num_seqs,
+                   "utilization")  # fmt: skip
+    if name == "keda":
+        return HPA("keda", sc.min_replicas, sc.max_replicas, KEDA_WAITING_THRESHOLD,
+                   spec.engine.max_num_seqs, "waiting")  # fmt: skip
+    if name == "oracle":
+        return Oracle(needed)
+    raise ValueError(f"unknown policy {name!r}; choose from {', '.join(POLICIES)}")
+
+
+def _run_one(
+    args: tuple[Workload, LLMEndpointSpec, EngineProfile, Policy, int, Settings, bool],
+) -> Recording:
+    wl, spec, profile, policy, initial, settings, progress = args
+    return simulate(wl, spec, profile, policy, initial, settings, progress)
+
+
+def compare(s: Scenario, jobs: int = 1, progress: bool = False) -> Comparison:
+    wl = workload_of(s)
+    shapes = orc.lengths_of(wl)
+    spec = s.spec or derive_spec(s, shapes, 1000, None)
+    cap = orc.calibrate(s.profile, limits_for(spec, s.profile), targets_for(spec), shapes)
+    demand = orc.demand_per_minute(wl)
+    if s.spec is None:  # maxReplicas: twice the Poisson-capacity peak, as a user would bound it
+        peak = int(orc.needed_per_minute(demand, cap, 1, 1000).max())
+        spec = derive_spec(
+            s, shapes, max(2 * peak, peak + 4), cap.tokens_per_s if s.prior else None
+        )
+    per_replica = tune_oracle(s, spec, cap, demand)
+    tuned = orc.Capacity(cap.requests_per_s * per_replica / cap.tokens_per_s, per_replica)
+    sc = spec.scaling
+    needed = orc.needed_per_minute(demand, tuned, sc.min_replicas, sc.max_replicas)
+    static = int(needed.max())
+    runs = []
+    for name in s.policies:
+        policy = make_policy(name, spec, needed, static)
+        initial = static if name == "static" else int(needed[0])
+        runs.append((wl, spec, s.profile, policy, initial, s.settings, progress and jobs == 1))
+    if jobs > 1:
+        with ProcessPoolExecutor(max_workers=jobs) as pool:
+            recs = list(pool.map(_run_one, runs))
+    else:
+        recs = [_run_one(r) for r in runs]
+    return Comparison(
+        s, spec, cap, per_replica, needed, demand, {r.policy: r for r in recs}, wl.duration_s
+    )
+
+
+def with_policies(s: Scenario, names: tuple[str, ...]) -> Scenario:
+    return replace(s, policies=names)

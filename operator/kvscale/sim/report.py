@@ -1,0 +1,139 @@
+"""The numbers a capacity planner asks of a run, per policy, as JSON-ready dicts.
+
+A minute meets the SLO when the p99 TTFT of the requests that arrived in it (refused ones count
+as infinite) and the p99 of the inter-token gaps decoding sequences saw in it are both within the
+spec's targets; an empty minute meets it. Goodput counts completed requests whose TTFT and mean
+inter-token time were both within the targets. Cost is GPU-hours times `cost.gpuHourPrice`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from kvscale.api.v1alpha1 import LLMEndpointSpec
+from kvscale.sim.compare import Comparison
+from kvscale.sim.recorder import quantile_rows
+from kvscale.sim.run import Recording
+
+TARGET_SAVING_VS_REACTIVE = 0.30
+TARGET_RATIO_TO_ORACLE = 1.25
+
+
+def policy_summary(rec: Recording, spec: LLMEndpointSpec, duration_s: float) -> dict[str, Any]:
+    s, r = rec.recorder.series, rec.recorder
+    slo = spec.slo
+    ttft99 = quantile_rows(r.ttft, 0.99)
+    itl99 = quantile_rows(r.itl, 0.99)
+    ttft_ok = np.nan_to_num(ttft99, nan=0.0) <= slo.ttft_p99_seconds
+    itl_ok = np.nan_to_num(itl99, nan=0.0) <= slo.itl_p99_seconds
+    gpu_h = float(s["gpu_s"].sum() / 3600)
+    price = spec.cost.gpu_hour_price
+    successes = float(s["successes"].sum())
+    served = float(s["served_tokens"].sum())
+    whole_ttft = quantile_rows(r.ttft.sum(axis=0, keepdims=True), 0.99)[0]
+    whole_itl = quantile_rows(r.itl.sum(axis=0, keepdims=True), 0.99)[0]
+    return {
+        "gpu_hours": round(gpu_h, 3),
+        "slo_minutes_fraction": round(float((ttft_ok & itl_ok).mean()), 4),
+        "ttft_slo_minutes_fraction": round(float(ttft_ok.mean()), 4),
+        "itl_slo_minutes_fraction": round(float(itl_ok.mean()), 4),
+        "requests": int(s["arrivals"].sum()),
+        "successes": int(successes),
+        "refused": int(s["refused"].sum()),
+        "goodput_requests_per_s": round(float(s["good"].sum()) / duration_s, 3),
+        "goodput_fraction": round(float(s["good"].sum()) / max(float(s["arrivals"].sum()), 1), 4),
+        "ttft_p99_s": _num(whole_ttft),
+        "itl_p99_s": _num(whole_itl),
+        "idle_gpu_hours": round(float(s["idle_gpu_s"].sum() / 3600), 3),
+        "warming_gpu_hours": round(float(s["warming_gpu_s"].sum() / 3600), 3),
+        "flaps": rec.flaps,
+        "scaling_changes": len(rec.decisions) - 1,
+        "mean_replicas": round(float(s["replicas"].mean()), 2),
+        "peak_replicas": int(np.ceil(s["replicas"].max())),
+        "cost": round(gpu_h * price, 2),
+        "cost_per_successful_request": _num(gpu_h * price / successes if successes else None, 6),
+        "cost_per_million_tokens": _num(gpu_h * price / served * 1e6 if served else None, 4),
+        "reasons": _reasons(rec),
+        "wall_s": round(rec.wall_s, 1),
+        "steps_per_s": round(rec.steps / rec.wall_s, 1) if rec.wall_s else None,
+    }
+
+
+def summarise(c: Comparison) -> dict[str, Any]:
+    spec, s = c.spec, c.scenario
+    policies = {name: policy_summary(rec, spec, c.duration_s) for name, rec in c.recordings.items()}
+    oracle = policies.get("oracle", {}).get("gpu_hours")
+    for p in policies.values():
+        p["gpu_hours_vs_oracle"] = round(p["gpu_hours"] / oracle, 3) if oracle else None
+    return {
+        "trace": s.trace,
+        "hours": round(c.duration_s / 3600, 3),
+        "time_scale": s.time_scale,
+        "rate_scale": s.rate_scale,
+        "length_trace": s.length_trace if "servegen" in s.trace else None,
+        "requests": int(c.recordings[next(iter(c.recordings))].recorder.series["arrivals"].sum()),
+        "mean_rate_rps": round(
+            float(next(iter(c.recordings.values())).recorder.series["arrivals"].sum())
+            / c.duration_s,
+            2,
+        ),
+        "profile": s.profile.name,
+        "spec": spec.model_dump(by_alias=True, exclude_defaults=True, mode="json"),
+        "replica_capacity": {
+            "calibrated_tokens_per_s": round(c.capacity.tokens_per_s, 1),
+            "calibrated_requests_per_s": round(c.capacity.requests_per_s, 3),
+            "oracle_tokens_per_s": round(c.oracle_tokens_per_s, 1),
+        },
+        "static_replicas": int(c.needed.max()),
+        "settings": {
+            "dt_s": s.settings.dt_s,
+            "scrape_interval_s": s.settings.scrape_interval_s,
+            "scrape_delay_s": s.settings.scrape_delay_s,
+            "seed": s.settings.seed,
+        },
+        "policies": policies,
+        "targets": targets(policies),
+    }
+
+
+def targets(policies: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The issue's three targets for kvscale, each with the measured value and whether it held."""
+    kv, reactive = policies.get("kvscale"), policies.get("reactive")
+    if kv is None:
+        return {}
+    out: dict[str, Any] = {}
+    if reactive is not None and reactive["gpu_hours"] > 0:
+        saving = 1 - kv["gpu_hours"] / reactive["gpu_hours"]
+        out["gpu_hours_saving_vs_reactive"] = {
+            "target": f">= {TARGET_SAVING_VS_REACTIVE}",
+            "value": round(saving, 3),
+            "met": saving >= TARGET_SAVING_VS_REACTIVE,
+        }
+    if kv.get("gpu_hours_vs_oracle") is not None:
+        ratio = kv["gpu_hours_vs_oracle"]
+        out["gpu_hours_vs_oracle"] = {
+            "target": f"<= {TARGET_RATIO_TO_ORACLE}",
+            "value": ratio,
+            "met": ratio <= TARGET_RATIO_TO_ORACLE,
+        }
+    out["slo_minutes_fraction"] = {
+        "target": ">= 0.99",
+        "value": kv["slo_minutes_fraction"],
+        "met": kv["slo_minutes_fraction"] >= 0.99,
+    }
+    return out
+
+
+def _reasons(rec: Recording) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for _, _, reason in rec.decisions[1:]:
+        counts[reason] = counts.get(reason, 0) + 1
+    return counts
+
+
+def _num(x: float | None, digits: int = 3) -> float | None:
+    if x is None or not np.isfinite(x):
+        return None
+    return round(float(x), digits)

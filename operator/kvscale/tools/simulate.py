@@ -1,0 +1,202 @@
+"""`kvscale simulate`: replay a trace against the capacity law and the baselines, side by side.
+
+Every policy gets the same workload, the same endpoint spec, the same engine profile and the same
+seed; the report says per policy what the GPUs cost and what users saw (see kvscale.sim.report),
+as JSON (and a table on stdout), with PNG plots next to it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from kvscale.api.v1alpha1 import LLMEndpointSpec
+from kvscale.sim.compare import POLICIES, Scenario, compare
+from kvscale.sim.profile import ProfileError, load_profile, shipped
+from kvscale.sim.run import Settings
+from kvscale.tools.traces import TraceError, default_traces_dir
+
+DEFAULT_PROFILE = "h200-kvscale-eager"
+
+
+def add_simulate_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "simulate",
+        help="replay a trace against kvscale's capacity law and baseline autoscalers",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--trace",
+        required=True,
+        help="azure-conv, azure-code, mooncake, servegen-m-large, or a file (Azure CSV, "
+        "Mooncake JSONL, ServeGen 10-minute aggregate CSV)",
+    )
+    p.add_argument(
+        "--traces-dir",
+        type=Path,
+        default=None,
+        help="default: $KVSCALE_TRACES_DIR, else ~/.cache/kvscale/traces",
+    )
+    p.add_argument(
+        "--length-trace",
+        default="azure-conv",
+        help="request lengths for ServeGen's rate-only trace (default azure-conv)",
+    )
+    p.add_argument(
+        "--hours",
+        type=float,
+        default=None,
+        help="simulated hours (the trace loops); default: the trace's length",
+    )
+    p.add_argument(
+        "--time-scale", type=float, default=1.0, help="compress the trace's time by this factor"
+    )
+    p.add_argument(
+        "--rate-scale",
+        type=float,
+        default=1.0,
+        help="multiply the request rate (copies or thins requests)",
+    )
+    p.add_argument(
+        "--profile",
+        default=DEFAULT_PROFILE,
+        help=f"engine profile: a shipped name ({', '.join(shipped())}) or a JSON file",
+    )
+    p.add_argument(
+        "--spec",
+        type=Path,
+        default=None,
+        help="an LLMEndpoint YAML whose spec drives every policy (default: derived "
+        "from the trace and profile as `kvscale plan` recommends)",
+    )
+    p.add_argument("--ttft-slo", type=float, default=2.0, help="p99 TTFT target, s (no --spec)")
+    p.add_argument("--itl-slo", type=float, default=0.2, help="p99 ITL target, s (no --spec)")
+    p.add_argument(
+        "--gpu-hour-price",
+        type=float,
+        default=3.5,
+        help="price of a GPU-hour (no --spec; an assumed on-demand price)",
+    )
+    p.add_argument(
+        "--no-prior",
+        action="store_true",
+        help="leave scaling.replicaCapacityTokensPerSecond unset (no --spec)",
+    )
+    p.add_argument(
+        "--policies",
+        default=",".join(POLICIES),
+        help=f"comma-separated subset of {','.join(POLICIES)}",
+    )
+    p.add_argument("--dt", type=float, default=1.0, help="simulation step, s (divides 600)")
+    p.add_argument("--scrape-interval", type=float, default=15.0, help="metrics scrape, s")
+    p.add_argument(
+        "--scrape-delay",
+        type=float,
+        default=0.0,
+        help="extra age of the newest sample a decision sees, s",
+    )
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--jobs", type=int, default=1, help="policies run in parallel processes")
+    p.add_argument(
+        "--out-dir",
+        type=Path,
+        default=Path("simulate-out"),
+        help="where the JSON report and PNG plots go",
+    )
+    p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=run_simulate)
+
+
+def scenario_from(args: argparse.Namespace) -> Scenario:
+    names = tuple(n.strip() for n in args.policies.split(",") if n.strip())
+    unknown = [n for n in names if n not in POLICIES]
+    if unknown or not names:
+        raise ValueError(f"unknown policies {unknown}; choose from {', '.join(POLICIES)}")
+    if args.dt <= 0 or 600 % args.dt:
+        raise ValueError("--dt must be positive and divide 600 s")
+    return Scenario(
+        trace=args.trace,
+        traces_dir=args.traces_dir or default_traces_dir(),
+        profile=load_profile(args.profile),
+        hours=args.hours,
+        time_scale=args.time_scale,
+        rate_scale=args.rate_scale,
+        length_trace=args.length_trace,
+        ttft_slo_s=args.ttft_slo,
+        itl_slo_s=args.itl_slo,
+        gpu_hour_price=args.gpu_hour_price,
+        prior=not args.no_prior,
+        spec=read_spec(args.spec) if args.spec else None,
+        settings=Settings(args.dt, args.scrape_interval, args.scrape_delay, args.seed),
+        policies=names,
+    )
+
+
+def read_spec(path: Path) -> LLMEndpointSpec:
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise ValueError(f"cannot read {path}: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path} is not a YAML mapping")
+    return LLMEndpointSpec.model_validate(raw.get("spec", raw))
+
+
+def run_simulate(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
+    from kvscale.sim.plots import write_plots
+    from kvscale.sim.report import summarise
+
+    try:
+        scenario = scenario_from(args)
+        result = compare(scenario, jobs=args.jobs, progress=not args.quiet)
+    except (TraceError, ProfileError, ValueError, ValidationError) as exc:
+        print(f"kvscale simulate: {exc}", file=sys.stderr)
+        return 2
+    report = summarise(result)
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    path = args.out_dir / "simulate.json"
+    path.write_text(json.dumps({"traces": {scenario.trace: report}}, indent=2) + "\n")
+    plots = [] if args.no_plots else write_plots(result, args.out_dir)
+    print(table(report))
+    print(f"wrote {path}" + "".join(f", {p}" for p in plots))
+    return 0
+
+
+def table(report: dict[str, Any]) -> str:
+    cols = (
+        ("policy", None, "{}"),
+        ("GPU-h", "gpu_hours", "{:.2f}"),
+        ("x oracle", "gpu_hours_vs_oracle", "{:.2f}"),
+        ("SLO min", "slo_minutes_fraction", "{:.3f}"),
+        ("goodput", "goodput_fraction", "{:.3f}"),
+        ("refused", "refused", "{}"),
+        ("idle h", "idle_gpu_hours", "{:.2f}"),
+        ("warm h", "warming_gpu_hours", "{:.2f}"),
+        ("flaps", "flaps", "{}"),
+        ("$/req", "cost_per_successful_request", "{:.5f}"),
+        ("$/Mtok", "cost_per_million_tokens", "{:.3f}"),
+    )
+    rows = [[c[0] for c in cols]]
+    for name, p in report["policies"].items():
+        rows.append([name] + [_fmt(p.get(key), fmt) for _, key, fmt in cols[1:] if key])
+    widths = [max(len(r[i]) for r in rows) for i in range(len(cols))]
+    lines = ["  ".join(v.rjust(w) for v, w in zip(r, widths, strict=True)) for r in rows]
+    head = (
+        f"{report['trace']}: {report['hours']} h, {report['requests']} requests "
+        f"({report['mean_rate_rps']} req/s), profile {report['profile']}, "
+        f"{report['replica_capacity']['oracle_tokens_per_s']:.0f} tokens/s per replica at the SLO"
+    )
+    return "\n".join([head, *lines])
+
+
+def _fmt(value: Any, fmt: str) -> str:
+    return "-" if value is None else fmt.format(value)
