@@ -35,6 +35,7 @@ from typing import Any
 import aiohttp
 import httpx
 
+from bench.operator_decide import measure as measure_decide
 from kvscale.signals.contract import sample_names
 from kvscale.signals.direct import DirectScrape
 from kvscale.signals.exposition import parse_exposition
@@ -226,8 +227,7 @@ def run(quick: bool) -> dict[str, Any]:
         "scrape": scraped,
         "parse": _parse_cost(replicas),
     }
-    # decide_100_endpoints_ms: the lead adds the control-law measurement here.
-    return result
+    return result | measure_decide()
 
 
 if __name__ == "__main__":

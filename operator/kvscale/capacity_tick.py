@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import math
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
     from kvscale.worker import Context
 
 JSON = dict[str, Any]
+log = logging.getLogger("kvscale.capacity")
 ROUTER_PORT = 8080
 DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
 MIN_FAST_WINDOW_S = 10.0
@@ -190,6 +192,13 @@ class CapacityLoop:
         else:
             decision = decide(self.history, spec, self.state, now)
         self.state = decision.state
+        log.info(
+            f"Decided {decision.desired} replicas for {self.namespace}/{self.name} "
+            f"(current {snap.fleet.current}, ready {snap.fleet.ready}, victim {decision.victim}, "
+            f"waiting {snap.waiting:g}, held {snap.pending_requests:g}, running {snap.running:g}, "
+            f"{snap.tokens_per_s:.0f} tokens/s, {snap.successes_per_s:.2f} requests/s): "
+            f"{decision.reason}: {decision.message}"
+        )
         events = list(tick.events)
         rescale, desired, why = tick.rescale, tick.desired, tick.why
         if self.draining is not None and decision.desired >= self.draining.current:

@@ -30,13 +30,19 @@ WEIGHTS_KEY = "weights.json"
 
 
 def warming(pods: Collection[JSON], now: float) -> set[str]:
-    """Ready pods whose readiness is younger than the warm-up."""
+    """Ready pods whose readiness is younger than the warm-up, while an older one serves.
+
+    When every ready pod is young (a new endpoint, or one back from zero) none is held back:
+    a warm-up only shifts load to peers, and holding requests with no peer would only queue
+    them at the router.
+    """
+    ready = [p for p in fleet.live(pods) if fleet.is_ready(p)]
     young = set()
-    for pod in fleet.live(pods):
+    for pod in ready:
         since = fleet.ready_since(pod)
-        if fleet.is_ready(pod) and since is not None and now - since < WARMUP_S:
+        if since is not None and now - since < WARMUP_S:
             young.add(pod["metadata"]["name"])
-    return young
+    return young if len(young) < len(ready) else set()
 
 
 class RoutingLoop:

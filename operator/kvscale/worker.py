@@ -107,7 +107,7 @@ class EndpointWorker:
         tick = await self.capacity.tick(body, outcome, now)
         events += tick.events
         if tick.rescale or self.capacity.conditions() != before:
-            outcome = await self._reconcile(body, tick.desired, tick.why)
+            outcome = await self._reconcile(body, self.capacity.desired(body), tick.why)
             events += outcome.events
         old = body.get("status") or {}
         merged = {**(outcome.status if outcome else {}), **tick.status}
@@ -117,6 +117,7 @@ class EndpointWorker:
 
     async def _reconcile(self, body: JSON, desired: int | None, why: str) -> Outcome:
         conditions = self.capacity.conditions()
+        log.debug(f"Reconciling {self.namespace}/{self.name} at {desired} replicas ({why})")
         return await asyncio.to_thread(reconcile, self.ctx.kube, body, desired, why, conditions)
 
     def _body(self) -> JSON:

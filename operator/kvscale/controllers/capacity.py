@@ -238,7 +238,10 @@ def _panic(history: Sequence[Snapshot], spec: LLMEndpointSpec, tick: _Tick) -> s
     snap = history[-1]
     prev = history[-2] if len(history) > 1 and history[-2].ok else None
     queued = snap.waiting + snap.pending_requests
-    if prev is not None and queued > prev.waiting + prev.pending_requests and queued >= 1:
+    # a request caught between arrival and its first step is noise: a queue counts when every
+    # ready replica has one waiting, and it grew since the last interval
+    deep = queued >= max(1, tick.ready)
+    if prev is not None and deep and queued > prev.waiting + prev.pending_requests:
         return "QueueGrowing"
     ttft = snap.latency.ttft_p99
     if (

@@ -1,0 +1,272 @@
+"""The capacity loop closed on the local cluster: real engine pods, the router, real signals.
+
+The operator runs in this process (Kopf's runner) against the cluster; clients reach the endpoint
+the way users do, through its Service (`<name>`, the router) with the official `openai` client.
+Intervals come from the spec (10 s capacity, 1 s routing, 20 s stabilization), and every wait is
+on a condition.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from load import Load, p99
+
+from kvscale.kube import Kube
+from kvscale_cluster import process
+from kvscale_cluster.fixtures import Cluster, kubectl, run_operator, wait_for
+from kvscale_cluster.install import ROOT
+from kvscale_cluster.ports import free_port
+from kvscale_cluster.prometheus import prometheus_binary
+
+API = "kvscale.io/v1alpha1"
+INTERVAL = 10
+STABILIZATION = 20
+MODEL = "tiny"
+
+
+def endpoint(namespace: str, name: str = "chat", **over: Any) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "model": {"name": MODEL, "source": {"dummy": {"preset": "llama-tiny"}}, "maxModelLen": 512},
+        "engine": {"maxNumSeqs": 4, "maxNumBatchedTokens": 512},
+        "resources": {"gpusPerReplica": 0, "cpu": "500m", "memory": "1Gi"},
+        "slo": {"ttftP99Seconds": 2, "itlP99Seconds": 0.5},
+        "scaling": {
+            "minReplicas": 1,
+            "maxReplicas": 3,
+            "capacityIntervalSeconds": INTERVAL,
+            "routingIntervalSeconds": 1,
+            "scaleDownStabilizationSeconds": STABILIZATION,
+            "replicaCapacityTokensPerSecond": 1_000_000,
+        },
+    }
+    for key, value in over.items():
+        spec[key] = {**spec.get(key, {}), **value} if isinstance(value, dict) else value
+    return {"apiVersion": API, "kind": "LLMEndpoint", "metadata": {"name": name}, "spec": spec}
+
+
+@pytest.fixture(scope="module")
+def operator(cluster: Cluster) -> Iterator[Any]:
+    crd = ROOT / "crds" / "llmendpoints.kvscale.io.yaml"
+    kubectl(cluster, "apply", "--server-side", "-f", str(crd))
+    kubectl(cluster, "wait", "--for=condition=Established", "crd/llmendpoints.kvscale.io")
+    with run_operator(cluster) as runner:
+        yield runner
+    assert runner.exception is None, runner.output
+
+
+@pytest.fixture
+def api(cluster: Cluster) -> Kube:
+    return Kube(cluster.api_client())
+
+
+def apply(cluster: Cluster, namespace: str, body: dict[str, Any]) -> None:
+    kubectl(cluster, "apply", "--server-side", "-n", namespace, "-f", "-", stdin=json.dumps(body))
+
+
+def status(api: Kube, namespace: str, name: str = "chat") -> dict[str, Any]:
+    found = api.get(API, "LLMEndpoint", namespace, name)
+    assert found is not None
+    return dict(found.get("status") or {})
+
+
+def condition(st: dict[str, Any], type_: str) -> dict[str, Any]:
+    return next((c for c in st.get("conditions", []) if c["type"] == type_), {})
+
+
+def serving(api: Kube, namespace: str, ready: int, name: str = "chat") -> str:
+    """Wait until `ready` engines and a router serve; return the endpoint's Service URL."""
+
+    def up() -> str | None:
+        st = status(api, namespace, name)
+        router = api.get("apps/v1", "Deployment", namespace, f"{name}-router") or {}
+        service = api.get("v1", "Service", namespace, name) or {}
+        if st.get("readyReplicas") != ready or not router.get("status", {}).get("readyReplicas"):
+            return None
+        return f"http://{service['spec']['clusterIP']}:8000" if service else None
+
+    return wait_for(up, timeout=240, what=f"{ready} engine replica(s) and a router serving")
+
+
+def events(api: Kube, namespace: str) -> dict[str, list[str]]:
+    found = api.request("GET", f"/api/v1/namespaces/{namespace}/events") or {}
+    by_reason: dict[str, list[str]] = {}
+    for e in found.get("items", []):
+        by_reason.setdefault(e["reason"], []).append(e["message"])
+    return by_reason
+
+
+def test_burst_then_quiet_scales_up_fast_and_down_without_failures(
+    cluster: Cluster, operator: Any, api: Kube, namespace: str
+) -> None:
+    # a request is ~15 prompt + 48 generated tokens: ~63 tokens; one replica is declared to
+    # carry 150 tokens/s, so 0.5 request/s needs one replica and 6 requests/s need all three
+    hint = {"replicaCapacityTokensPerSecond": 150}
+    apply(cluster, namespace, endpoint(namespace, scaling=hint))
+    url = serving(api, namespace, ready=1)
+    with Load(url, MODEL) as load:
+        load.set_rate(0.5)
+        wait_for(
+            lambda: status(api, namespace).get("capacity", {}).get("demandTokensPerSecond"),
+            timeout=120,
+            what="a first demand measurement",
+        )
+        assert status(api, namespace)["desiredReplicas"] == 1
+        load.set_rate(6)  # the burst: 12x
+        burst = time.monotonic()
+
+        def scaled_up() -> int | None:
+            desired = int(status(api, namespace).get("desiredReplicas", 1))
+            return desired if desired >= 2 else None
+
+        wait_for(scaled_up, timeout=2 * INTERVAL + 15, what="replicas to rise within 2 intervals")
+        reaction = time.monotonic() - burst
+        st = status(api, namespace)
+        assert st["decisions"][-1]["reason"] in (
+            "DemandForecast", "QueueGrowing", "TTFTAboveSLO", "AtMaxReplicas"
+        )  # fmt: skip
+        wait_for(
+            lambda: status(api, namespace).get("desiredReplicas") == 3,
+            timeout=4 * INTERVAL,
+            what="3 replicas for the burst",
+        )
+        serving(api, namespace, ready=3)
+        recovered = time.monotonic()
+        wait_for(
+            lambda: len(load.since(recovered)) >= 60, timeout=120, what="60 requests after scale-up"
+        )
+        ttfts = [r.ttft_s for r in load.since(recovered) if r.ttft_s is not None]
+        assert p99(ttfts) <= 2.0, f"p99 TTFT {p99(ttfts):.2f} s after scaling up ({reaction:.0f} s)"
+        # quiet: a trickle keeps flowing while the replicas drain away, one per window
+        load.set_rate(0.5)
+        wait_for(
+            lambda: (
+                status(api, namespace).get("desiredReplicas") == 1
+                and status(api, namespace).get("replicas") == 1
+            ),
+            timeout=8 * (STABILIZATION + INTERVAL),
+            what="replicas to come back to 1",
+        )
+    assert not load.failures(), load.failures()[:5]
+    history = status(api, namespace)["decisions"]
+    downs = [d for d in history if d["toReplicas"] < d["fromReplicas"]]
+    assert downs and all(d["fromReplicas"] - d["toReplicas"] == 1 for d in downs)
+    seen = events(api, namespace)
+    assert seen.get("ScaledUp") and seen.get("ScaledDown") and seen.get("DrainingReplica")
+
+
+def _prometheus(config: Path, data: Path, address: str, logs: Path) -> process.Component:
+    argv = [
+        prometheus_binary(),
+        f"--config.file={config}",
+        f"--storage.tsdb.path={data}",
+        f"--web.listen-address={address}",
+        "--log.level=warn",
+    ]
+    prom = process.start("prometheus-test", argv, logs)
+    wait_for(lambda: process.alive(prom.pid) and _up(f"http://{address}"), 30, "test Prometheus")
+    return prom
+
+
+def _up(url: str) -> bool:
+    import httpx
+
+    try:
+        return httpx.get(f"{url}/-/ready", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def test_metrics_outage_holds_replicas_and_recovers(
+    cluster: Cluster, operator: Any, api: Kube, namespace: str, tmp_path: Path
+) -> None:
+    # a Prometheus of this test's own, with the cluster's discovery and scrape configuration
+    config = cluster.directory / "prometheus" / "prometheus.yml"
+    address = f"{cluster.host_ip}:{free_port(cluster.host_ip)}"
+    prom = _prometheus(config, tmp_path / "data", address, tmp_path)
+    signals = {"signals": {"source": "prometheus", "prometheusUrl": f"http://{address}"}}
+    pinned = endpoint(namespace, scaling=signals, replicas=2)
+    apply(cluster, namespace, pinned)
+    serving(api, namespace, ready=2)
+    wait_for(
+        lambda: condition(status(api, namespace), "MetricsAvailable").get("status") == "True",
+        timeout=120,
+        what="MetricsAvailable=True from Prometheus",
+    )
+    process.stop(prom.pid)
+    unpinned = endpoint(namespace, scaling=signals)
+    kubectl(cluster, "-n", namespace, "patch", "llme", "chat", "--type=json",
+            "-p", '[{"op": "remove", "path": "/spec/replicas"}]')  # fmt: skip
+    assert "replicas" not in unpinned["spec"]
+
+    def unreachable() -> bool:
+        cond = condition(status(api, namespace), "MetricsAvailable")
+        return cond.get("status") == "False" and cond.get("reason") == "Unreachable"
+
+    wait_for(unreachable, timeout=60, what="MetricsAvailable=False, Unreachable")
+    first = status(api, namespace)["capacity"]["updatedAt"]
+    ticks: set[str] = set()
+
+    def held_for_three_intervals() -> bool:
+        st = status(api, namespace)
+        assert st["desiredReplicas"] == 2, "scaled down blind"
+        assert st["capacity"]["reason"] == "MetricsUnavailable"
+        ticks.add(st["capacity"]["updatedAt"])
+        return len(ticks - {first}) >= 3  # longer than the stabilization window
+
+    wait_for(held_for_three_intervals, timeout=10 * INTERVAL, what="3 held capacity decisions")
+    prom = _prometheus(config, tmp_path / "data", address, tmp_path)
+    try:
+        wait_for(
+            lambda: condition(status(api, namespace), "MetricsAvailable").get("status") == "True",
+            timeout=120,
+            what="MetricsAvailable=True again",
+        )
+        wait_for(
+            lambda: status(api, namespace).get("desiredReplicas") == 1,
+            timeout=6 * (STABILIZATION + INTERVAL),
+            what="the idle endpoint to consolidate once signals are back",
+        )
+    finally:
+        process.stop(prom.pid)
+
+
+def test_gpu_scarcity_limits_capacity_without_runaway(
+    cluster: Cluster, operator: Any, api: Kube, namespace: str
+) -> None:
+    # the nodes hold 4 nvidia.com/gpu in all; demand asks for 6 replicas of 1 GPU
+    body = endpoint(
+        namespace,
+        resources={"gpusPerReplica": 1},
+        scaling={"maxReplicas": 6, "replicaCapacityTokensPerSecond": 1},
+    )
+    apply(cluster, namespace, body)
+    url = serving(api, namespace, ready=1)
+    with Load(url, MODEL) as load:
+        load.set_rate(0.5)
+
+        def limited() -> dict[str, Any] | None:
+            st = status(api, namespace)
+            cond = condition(st, "CapacityLimited")
+            decided = st.get("capacity", {}).get("reason") == "CapacityLimited"
+            return st if cond.get("status") == "True" and decided else None
+
+        st = wait_for(limited, timeout=180, what="CapacityLimited=True")
+        assert "nvidia.com/gpu" in condition(st, "CapacityLimited")["message"]
+        seen: set[str] = set()
+
+        def no_runaway() -> bool:
+            now = status(api, namespace)
+            deployment = api.get("apps/v1", "Deployment", namespace, "chat-engine") or {}
+            assert deployment["spec"]["replicas"] <= 5, "more than one replica beyond the 4 GPUs"
+            seen.add(now["capacity"]["updatedAt"])
+            return len(seen) >= 4
+
+        wait_for(no_runaway, timeout=10 * INTERVAL, what="4 capacity decisions under scarcity")
+        assert status(api, namespace)["capacity"]["reason"] == "CapacityLimited"
+    assert not load.failures(), load.failures()[:5]
