@@ -69,8 +69,16 @@ class Kvscale:
         return float(self.spec.scaling.capacity_interval_seconds)
 
     def decide(self, history: Sequence[Snapshot], now: float) -> Choice:
-        state = self.state if self.state is not None else CapacityState()
-        d = capacity.decide(history, self.spec, state, now)
+        # as the operator's capacity tick does (kvscale/capacity_tick.py): it keeps the
+        # snapshots of max(scale-down stabilization, 600 s) plus two, and starts its state from
+        # the replicas the Deployment has
+        scaling = self.spec.scaling
+        span = max(scaling.scale_down_stabilization_seconds, 600)
+        keep = math.ceil(span / scaling.capacity_interval_seconds) + 2
+        state = self.state
+        if state is None:
+            state = CapacityState(desired=history[-1].fleet.current)
+        d = capacity.decide(list(history)[-keep:], self.spec, state, now)
         self.state = d.state
         return Choice(d.desired, d.victim, d.reason)
 

@@ -60,3 +60,15 @@ def test_bad_profiles_fail_with_a_reason(tmp_path: Path) -> None:
     path.write_text("{not json")
     with pytest.raises(ProfileError, match="not JSON"):
         load_profile(str(path))
+
+
+def test_a_table_with_context_columns_interpolates_in_both() -> None:
+    raw = profile().to_dict()
+    raw["decode"] = {
+        "batch": [1, 11],
+        "context": [100, 1100],
+        "step_s": [[0.01, 0.02], [0.03, 0.05]],
+    }
+    p = EngineProfile.from_dict(raw)
+    got = p.decode_step(np.array([1.0, 6.0, 6.0]), np.array([100.0, 100.0, 600.0]))
+    assert got.tolist() == pytest.approx([0.01, 0.02, (0.02 + 0.035) / 2])
