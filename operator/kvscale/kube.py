@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+import urllib3
 from kubernetes import client
 
 from kvscale.api import v1alpha1 as api
@@ -54,9 +55,10 @@ class KubeError(Exception):
 
 @dataclass(frozen=True)
 class Kube:
-    """A thin, typed-by-dict view of the API server."""
+    """A thin, typed-by-dict view of the API server; `timeout_s` is (connect, read) seconds."""
 
     api_client: client.ApiClient
+    timeout_s: tuple[float, float] = TIMEOUT_S
 
     def request(
         self,
@@ -74,8 +76,13 @@ class Kube:
             body=body,
             auth_settings=["BearerToken"],
         )
-        resp = self.api_client.call_api(m, url, headers, payload, _request_timeout=TIMEOUT_S)
-        resp.read()  # type: ignore[no-untyped-call]
+        try:
+            resp = self.api_client.call_api(
+                m, url, headers, payload, _request_timeout=self.timeout_s
+            )
+            resp.read()  # type: ignore[no-untyped-call]
+        except urllib3.exceptions.HTTPError as err:  # unreachable, timed out, reset
+            raise KubeError(0, f"{method} {path}: {err}") from err
         if resp.status == 404:
             return None
         if resp.status >= 400:
