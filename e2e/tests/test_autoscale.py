@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import openai
 import pytest
 from load import Load, p99
 
@@ -101,13 +102,15 @@ def events(api: Kube, namespace: str) -> dict[str, list[str]]:
     return by_reason
 
 
-def test_burst_then_quiet_scales_up_fast_and_down_without_failures(
+HINT = {"replicaCapacityTokensPerSecond": 150}
+
+
+def test_burst_scales_up_within_two_intervals_and_ttft_recovers(
     cluster: Cluster, operator: Any, api: Kube, namespace: str
 ) -> None:
     # a request is ~15 prompt + 48 generated tokens: ~63 tokens; one replica is declared to
     # carry 150 tokens/s, so 0.5 request/s needs one replica and 6 requests/s need all three
-    hint = {"replicaCapacityTokensPerSecond": 150}
-    apply(cluster, namespace, endpoint(namespace, scaling=hint))
+    apply(cluster, namespace, endpoint(namespace, scaling=HINT))
     url = serving(api, namespace, ready=1)
     with Load(url, MODEL) as load:
         load.set_rate(0.5)
@@ -142,22 +145,59 @@ def test_burst_then_quiet_scales_up_fast_and_down_without_failures(
         )
         ttfts = [r.ttft_s for r in load.since(recovered) if r.ttft_s is not None]
         assert p99(ttfts) <= 2.0, f"p99 TTFT {p99(ttfts):.2f} s after scaling up ({reaction:.0f} s)"
-        # quiet: a trickle keeps flowing while the replicas drain away, one per window
-        load.set_rate(0.5)
+    assert not load.failures(), load.failures()[:5]
+    assert events(api, namespace).get("ScaledUp")
+
+
+def test_quiet_drains_replicas_one_per_window_without_failures(
+    cluster: Cluster, operator: Any, api: Kube, namespace: str
+) -> None:
+    apply(cluster, namespace, endpoint(namespace, scaling=HINT, replicas=3))
+    url = serving(api, namespace, ready=3)
+    with Load(url, MODEL) as load:
+        load.set_rate(0.5)  # a trickle keeps flowing while the replicas drain away
+        kubectl(cluster, "-n", namespace, "patch", "llme", "chat", "--type=json",
+                "-p", '[{"op": "remove", "path": "/spec/replicas"}]')  # fmt: skip
         wait_for(
             lambda: (
                 status(api, namespace).get("desiredReplicas") == 1
                 and status(api, namespace).get("replicas") == 1
             ),
             timeout=8 * (STABILIZATION + INTERVAL),
-            what="replicas to come back to 1",
+            what="replicas to come back to 1 once unpinned",
         )
     assert not load.failures(), load.failures()[:5]
+    assert len(load.results) >= 10
     history = status(api, namespace)["decisions"]
     downs = [d for d in history if d["toReplicas"] < d["fromReplicas"]]
-    assert downs and all(d["fromReplicas"] - d["toReplicas"] == 1 for d in downs)
+    assert [(d["fromReplicas"], d["toReplicas"]) for d in downs] == [(3, 2), (2, 1)]
+    assert all(d["reason"] == "Consolidating" for d in downs)
     seen = events(api, namespace)
-    assert seen.get("ScaledUp") and seen.get("ScaledDown") and seen.get("DrainingReplica")
+    assert len(seen.get("DrainingReplica", [])) == 2 and len(seen.get("ScaledDown", [])) == 2
+
+
+def test_from_zero_holds_the_request_until_a_replica_serves_it(
+    cluster: Cluster, operator: Any, api: Kube, namespace: str
+) -> None:
+    zero = {**HINT, "minReplicas": 0, "scaleToZeroAfterSeconds": 30}
+    apply(cluster, namespace, endpoint(namespace, scaling=zero))
+    url = serving(api, namespace, ready=0)
+    assert condition(status(api, namespace), "Available")["reason"] == "ScaledToZero"
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=300)
+    started = time.monotonic()
+    completion = client.completions.create(model=MODEL, prompt="Hello", max_tokens=8)
+    waited = time.monotonic() - started
+    assert completion.usage is not None and completion.usage.completion_tokens == 8
+    st = status(api, namespace)
+    assert st["decisions"][0]["reason"] == "ScaleFromZero", st["decisions"]
+    assert st["decisions"][0]["fromReplicas"] == 0, f"answered after {waited:.0f} s"
+    # idle again: back to zero after scaleToZeroAfterSeconds
+    wait_for(
+        lambda: status(api, namespace).get("desiredReplicas") == 0,
+        timeout=30 + 6 * INTERVAL,
+        what="the idle endpoint to scale back to zero",
+    )
+    assert status(api, namespace)["decisions"][-1]["reason"] == "ScaleToZero"
 
 
 def _prometheus(config: Path, data: Path, address: str, logs: Path) -> process.Component:

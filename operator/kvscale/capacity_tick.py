@@ -121,6 +121,8 @@ class CapacityLoop:
         snap = await self._snapshot(spec, pods, current, now, window)
         self.latest = snap
         tick = await self._drain_progress(spec, snap, now)
+        if snap.fleet.current == 0 and snap.pending_requests > 0:
+            capacity_due = True  # requests wait at the router for a first replica: act now
         if capacity_due:
             self._next_capacity = now + scaling.capacity_interval_seconds
             tick = await self._decide(body, spec, snap, now, tick)

@@ -362,7 +362,7 @@ def _finish(
         low_since=_since(state.low_since, tick.now) if reason == "StabilizingDown" else None,
     )
     # not-ready pods go first when a ReplicaSet shrinks; a ready one must be drained beforehand
-    victim = _victim(snap) if 0 < desired < fleet.ready and desired < tick.current else None
+    victim = _victim(snap) if desired < fleet.ready and desired < tick.current else None
     return Decision(
         desired,
         reason,
