@@ -1,0 +1,158 @@
+"""What the loops write into status and metrics, and how they read pods: pure functions."""
+
+from __future__ import annotations
+
+import json
+
+from prometheus_client import generate_latest
+
+from kvscale import fleet, loop_status
+from kvscale.api.v1alpha1 import LLMEndpointSpec
+from kvscale.controllers.capacity import CapacityState, Decision
+from kvscale.operator_metrics import OperatorMetrics
+from kvscale.routing_tick import warming
+from kvscale.signals.snapshot import Fleet, Latency, Problem, ReplicaSignals, Snapshot
+
+
+def spec(**over: object) -> LLMEndpointSpec:
+    body: dict[str, object] = {
+        "model": {"name": "m", "source": {"dummy": {}}},
+        "slo": {"ttftP99Seconds": 1, "itlP99Seconds": 0.1},
+        "scaling": {"capacityIntervalSeconds": 60},
+        "resources": {"gpusPerReplica": 2},
+        "cost": {"gpuHourPrice": 3.0},
+    }
+    body.update(over)
+    return LLMEndpointSpec.model_validate(body)
+
+
+def snap(ttft: float | None, tokens: float = 100.0, ready: int = 2, current: int = 3) -> Snapshot:
+    reps = tuple(
+        ReplicaSignals(
+            pod=f"p{i}",
+            prompt_tokens_per_s=tokens / ready,
+            successes_per_s=1.0 / ready,
+            running=1,
+        )
+        for i in range(ready)
+    )
+    return Snapshot(
+        taken_at=0.0,
+        window_s=60,
+        replicas=reps,
+        latency=Latency(ttft_p99=ttft, itl_p99=0.05),
+        fleet=Fleet(current=current, ready=ready),
+    )
+
+
+def test_slo_attainment_counts_busy_intervals_within_both_targets() -> None:
+    old: dict[str, object] = {}
+    for ttft in (0.5, 0.9, 1.5, 0.2):
+        old = {"slo": loop_status.slo(old, snap(ttft), spec())}
+    slo = old["slo"]
+    assert isinstance(slo, dict)
+    assert slo["minutes"] == [1, 1, 0, 1] and slo["attainment"] == 0.75
+    assert slo["ttftP99Seconds"] == 0.2 and slo["windowSeconds"] == 600
+    idle = Snapshot(taken_at=0.0, window_s=60, fleet=Fleet(current=1, ready=1))
+    assert loop_status.slo(old, idle, spec())["minutes"] == [1, 1, 0, 1]  # idle: no evidence
+    bad = Snapshot(**{**snap(5.0).__dict__, "problem": Problem.STALE})
+    assert loop_status.slo(old, bad, spec())["minutes"] == [1, 1, 0, 1]  # untrusted: none
+    many: dict[str, object] = {}
+    for _ in range(15):
+        many = {"slo": loop_status.slo(many, snap(0.1), spec())}
+    assert len(many["slo"]["minutes"]) == 10  # type: ignore[index]
+
+
+def test_cost_accumulates_gpu_hours_waste_and_unit_costs() -> None:
+    s = spec()
+    first = loop_status.cost({}, snap(0.5), s, now=1000.0)
+    assert first["gpuHours"] == 0 and first["currency"] == "USD"
+    old = {"cost": first, "capacity": {"updatedAt": loop_status.stamp(1000.0)}}
+    second = loop_status.cost(old, snap(0.5, ready=2, current=3), s, now=1060.0)
+    # 3 replicas x 2 GPUs for a minute; one replica was not ready: wasted
+    assert second["gpuHours"] == round(3 * 2 / 60, 6)
+    assert second["wastedGpuHours"] == round(1 * 2 / 60, 6)
+    assert second["successfulRequests"] == 60.0 and second["tokens"] == 6000.0
+    assert second["perSuccessfulRequest"] == round(0.1 * 3.0 / 60, 6)
+    assert second["perMillionTokens"] == round(0.1 * 3.0 / 6000 * 1e6, 4)
+    # a long gap (operator down) counts at most two intervals
+    later = loop_status.cost(old, snap(0.5), s, now=1000.0 + 3600)
+    assert later["gpuHours"] == round(3 * 2 * 120 / 3600, 6)
+
+
+def test_decisions_keep_the_last_ten_changes_with_their_signals() -> None:
+    old: dict[str, object] = {}
+    state = CapacityState()
+    for i in range(12):
+        d = Decision(i + 2, "DemandForecast", f"step {i}", state, 10.0 * i, 11.0, 5.0)
+        old = {"decisions": loop_status.decisions(old, d, snap(0.4), float(i), was=i + 1)}
+    kept = old["decisions"]
+    assert isinstance(kept, list) and len(kept) == 10
+    assert kept[-1]["toReplicas"] == 13 and kept[-1]["demandTokensPerSecond"] == 110.0
+    assert kept[-1]["ttftP99Seconds"] == 0.4 and kept[0]["message"] == "step 2"
+    same = Decision(13, "Stable", "no change", state)
+    assert loop_status.decisions(old, same, snap(0.4), 99.0, was=13) == kept
+
+
+def test_controller_state_survives_status_and_garbage_starts_afresh() -> None:
+    state = CapacityState(desired=4, startup_s=33.0)
+    d = Decision(4, "Stable", "m", state)
+    capacity = loop_status.capacity(d, snap(0.3), 0.0, None)
+    assert json.loads(capacity["controllerState"])["desired"] == 4
+    assert loop_status.controller_state({"capacity": capacity}) == state
+    assert loop_status.controller_state({"capacity": {"controllerState": "{oops"}}) == (
+        CapacityState()
+    )
+
+
+def test_metrics_condition_names_the_problem() -> None:
+    assert loop_status.metrics_condition(snap(0.3)).status == "True"
+    bad = Snapshot(taken_at=0, window_s=60, problem=Problem.UNREACHABLE, message="refused")
+    cond = loop_status.metrics_condition(bad)
+    assert (cond.status, cond.reason, cond.message) == ("False", "Unreachable", "refused")
+
+
+def pod(name: str, ready: bool, since: str, created: str = "2026-01-01T00:00:00Z") -> dict:  # type: ignore[type-arg]
+    cond = {"type": "Ready", "status": "True" if ready else "False", "lastTransitionTime": since}
+    return {
+        "metadata": {"name": name, "creationTimestamp": created},
+        "status": {"podIP": "10.0.0.1", "conditions": [cond]},
+    }
+
+
+def test_fleet_counts_and_startup_time() -> None:
+    pods = [
+        pod("a", True, "2026-01-01T00:00:30Z"),
+        pod("b", True, "2026-01-01T00:01:30Z", "2026-01-01T00:01:00Z"),
+        pod("c", False, "2026-01-01T00:00:00Z"),
+    ]
+    pods[2]["status"]["conditions"].append(
+        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "no gpu"}
+    )
+    seen = fleet.fleet(3, pods)
+    assert (seen.ready, seen.starting, seen.unschedulable) == (2, 0, 1)
+    assert seen.unschedulable_reason == "no gpu" and seen.startup_seconds == 30.0
+    assert [a.name for a in fleet.addresses(pods, 8000)] == ["a", "b"]
+
+
+def test_young_replicas_warm_up_only_while_an_older_one_serves() -> None:
+    start = loop_status.parse_stamp("2026-01-01T00:01:00Z")
+    assert start is not None
+    old, young = pod("a", True, "2026-01-01T00:00:00Z"), pod("b", True, "2026-01-01T00:01:00Z")
+    assert warming([old, young], start + 5) == {"b"}
+    assert warming([young], start + 5) == set()
+    assert warming([old, young], start + 60) == set()
+
+
+def test_operator_metrics_render_and_forget() -> None:
+    metrics = OperatorMetrics()
+    d = Decision(3, "DemandForecast", "m", CapacityState(), 500.0, 600.0, 250.0)
+    metrics.record(("ns", "ep"), d, snap(0.3), 8, True, 0.9, 0.5, 0.01)
+    metrics.weights(("ns", "ep"), {"p0": 1.0, "p1": 0.0})
+    text = generate_latest(metrics.registry).decode()
+    assert 'kvscale_operator:desired_replicas{endpoint="ep",namespace="ns"} 3.0' in text
+    assert 'kvscale_operator:scaling_decisions_total{endpoint="ep",namespace="ns",reason=' in text
+    assert 'kvscale_operator:routing_weight{endpoint="ep",namespace="ns",pod="p1"} 0.0' in text
+    assert 'kvscale_operator:gpu_hours_total{endpoint="ep",namespace="ns"} 0.5' in text
+    metrics.forget(("ns", "ep"))
+    assert "kvscale_operator:desired_replicas{" not in generate_latest(metrics.registry).decode()
