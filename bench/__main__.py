@@ -27,6 +27,7 @@ BENCHMARKS = {
     "router_overhead": "bench.router_overhead",
     "profile": "bench.profile",
     "capacity_sim": "bench.capacity_sim",
+    "sim_step": "bench.sim_step",
 }
 
 

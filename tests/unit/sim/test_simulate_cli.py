@@ -1,0 +1,47 @@
+"""`kvscale simulate` end to end on the committed sample: the report's shape, plots, bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from sim_helpers import TRACES
+
+from kvscale.cli import main
+
+
+def test_report_has_the_issue_shape_and_plots(tmp_path: Path) -> None:
+    code = main(
+        ["simulate", "--trace", "azure-conv", "--traces-dir", str(TRACES), "--hours", "0.25",
+         "--rate-scale", "8", "--dt", "2", "--policies", "kvscale,static,oracle", "--quiet",
+         "--out-dir", str(tmp_path)]
+    )  # fmt: skip
+    assert code == 0
+    report = json.loads((tmp_path / "simulate.json").read_text())
+    policies = report["traces"]["azure-conv"]["policies"]
+    assert set(policies) == {"kvscale", "static", "oracle"}
+    for p in policies.values():
+        for key in ("gpu_hours", "slo_minutes_fraction", "flaps", "cost_per_successful_request"):
+            assert key in p
+    assert policies["oracle"]["gpu_hours_vs_oracle"] == 1.0
+    assert sorted(x.name for x in tmp_path.glob("*.png")) == [
+        "azure-conv-replicas.png",
+        "azure-conv-ttft-cdf.png",
+    ]
+
+
+def test_bad_input_is_refused_with_a_reason(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["simulate", "--trace", "nope", "--traces-dir", str(TRACES), "--quiet"]) == 2
+    assert "unknown trace" in capsys.readouterr().err
+    argv = ["simulate", "--trace", "azure-conv", "--traces-dir", str(TRACES), "--quiet"]
+    assert main([*argv, "--policies", "kvscale,magic"]) == 2
+    assert "unknown policies" in capsys.readouterr().err
+    assert main([*argv, "--dt", "7"]) == 2
+    assert "divide 600" in capsys.readouterr().err
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("spec:\n  model: {name: m}\n")
+    assert main([*argv, "--spec", str(spec)]) == 2
+    assert "source" in capsys.readouterr().err
