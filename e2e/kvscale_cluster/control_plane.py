@@ -3,6 +3,11 @@
 Flags are the minimum a real cluster needs: RBAC, token authentication for clients, a
 service-account issuer (TokenRequest works), ``--endpoint-reconciler-type=none`` because the
 API server's address is not publishable as a Service endpoint, and leader election off.
+
+The API server keeps an audit log (``audit/audit.log`` in the cluster's directory) of the list
+and watch requests for the kinds kvscale's operator watches, so a test can see which label
+selectors reach the server; listing Deployments also records the response (what a client was
+given). Nothing else is audited, and the log rotates at 20 MB, one backup.
 """
 
 from __future__ import annotations
@@ -16,6 +21,28 @@ from . import process
 from .pki import Pki
 from .ports import free_port
 from .wait import GiveUp, wait_for
+
+AUDIT_POLICY = """\
+apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+  - level: RequestResponse
+    verbs: [list]
+    resources:
+      - group: apps
+        resources: [deployments]
+  - level: Metadata
+    verbs: [list, watch]
+    resources:
+      - group: apps
+        resources: [deployments]
+      - group: ""
+        resources: [services, pods]
+      - group: policy
+        resources: [poddisruptionbudgets]
+  - level: None
+"""
 
 ISSUER = "https://kubernetes.default.svc.cluster.local"
 CONTROLLERS = (
@@ -102,10 +129,18 @@ def start_etcd(bin_dir: Path, data: Path, logs: Path, ep: Endpoints) -> process.
     return etcd
 
 
+def audit_log(work: Path) -> Path:
+    """The API server's audit log of a cluster started in ``work`` (JSON, one event a line)."""
+    return work / "audit" / "audit.log"
+
+
 def start_apiserver(
     bin_dir: Path, pki: Pki, work: Path, logs: Path, ep: Endpoints, advertise: str
 ) -> process.Component:
     host, port = ep.api_url.removeprefix("https://").rsplit(":", 1)
+    policy = audit_log(work).parent / "policy.yaml"
+    policy.parent.mkdir(parents=True, exist_ok=True)
+    policy.write_text(AUDIT_POLICY)
     argv = [
         str(bin_dir / "kube-apiserver"),
         f"--etcd-servers={ep.etcd_url}",
@@ -131,6 +166,11 @@ def start_apiserver(
         "--kubelet-preferred-address-types=InternalIP",
         f"--kubelet-certificate-authority={pki.ca_cert}",
         "--profiling=false",
+        f"--audit-policy-file={policy}",
+        f"--audit-log-path={audit_log(work)}",
+        "--audit-log-format=json",
+        "--audit-log-maxsize=20",
+        "--audit-log-maxbackup=1",
         "--v=1",
     ]
     apiserver = process.start("kube-apiserver", argv, logs)
