@@ -15,7 +15,7 @@ from typing import Any
 
 from . import control_plane, netns, process
 from .binaries import k8s_bin_dir
-from .config import ClusterConfig, nodes_to_json
+from .config import ClusterConfig, NodeConfig, nodes_from_json, nodes_to_json
 from .kube_api import KubeApi
 from .kube_proxy import start_kube_proxy, wait_kube_proxy
 from .kubeconfig import write_kubeconfig
@@ -124,6 +124,28 @@ class Cluster:
     def alive(self) -> dict[str, bool]:
         return {name: process.alive(pid) for name, pid in self.state.pids.items()}
 
+    # -- nodes join and leave while the cluster runs (the kubelet follows its nodes file)
+    @property
+    def nodes_file(self) -> Path:
+        return self.directory / "nodes.json"
+
+    def nodes(self) -> tuple[NodeConfig, ...]:
+        return nodes_from_json(self.nodes_file.read_text())
+
+    def _nodes_file(self, nodes: tuple[NodeConfig, ...]) -> Path:
+        staged = self.nodes_file.with_suffix(".tmp")
+        staged.write_text(nodes_to_json(nodes))
+        staged.replace(self.nodes_file)
+        return self.nodes_file
+
+    def add_node(self, node: NodeConfig) -> None:
+        """A node joins: the kubelet registers it within a sync, Ready and untainted."""
+        self._nodes_file((*self.nodes(), node))
+
+    def remove_node(self, name: str) -> None:
+        """A node leaves: the kubelet deletes its Node object."""
+        self._nodes_file(tuple(n for n in self.nodes() if n.name != name))
+
     # -- life cycle
     @classmethod
     def start(cls, directory: Path, config: ClusterConfig | None = None) -> Cluster:
@@ -194,6 +216,7 @@ class Cluster:
                 f"--slot={self.state.slot}",
                 f"--network={self.state.network}",
                 f"--nodes={nodes_to_json(config.nodes)}",
+                f"--nodes-file={self._nodes_file(config.nodes)}",
                 f"--state-dir={work / 'kubelet'}",
                 f"--pod-logs={self.pod_logs_dir}",
                 f"--tls-cert={pki.serving_cert}",

@@ -34,11 +34,17 @@ class Kubelet:
     """Publishes the nodes and keeps one worker per pod bound to them."""
 
     def __init__(
-        self, api: KubeApi, nodes: tuple[NodeConfig, ...], ctx: PodContext, port: int
+        self,
+        api: KubeApi,
+        nodes: tuple[NodeConfig, ...],
+        ctx: PodContext,
+        port: int,
+        nodes_file: Path | None = None,
     ) -> None:
         self.api = api
         self.port = port
         self.nodes = nodes
+        self.nodes_file = nodes_file  # re-read every sync: nodes join and leave at run time
         self.ctx = ctx
         self.workers: dict[str, PodWorker] = {}
         self.finished: set[str] = set()  # pods whose worker ended (deletion confirmed)
@@ -54,23 +60,22 @@ class Kubelet:
         ourselves and lift it here, so pods are never stranded.
         """
         for node in self.nodes:
-            try:
-                created = self.api.post("/api/v1/nodes", node_object(node))
-            except ApiError as error:
-                if error.status != 409:
-                    raise
-                created = self.api.get(f"/api/v1/nodes/{node.name}")
-            self.node_uids[node.name] = created["metadata"]["uid"]
-            self._heartbeat(node)
-            taints = [
-                t
-                for t in created["spec"].get("taints") or []
-                if t.get("key") not in NOT_READY_TAINTS
-            ]
-            self.api.patch(
-                f"/api/v1/nodes/{node.name}", {"spec": {"taints": taints or None}}, MERGE
-            )
-            log.info("Registered node %s with %d GPUs", node.name, node.gpus)
+            self._register(node)
+
+    def _register(self, node: NodeConfig) -> None:
+        try:
+            created = self.api.post("/api/v1/nodes", node_object(node))
+        except ApiError as error:
+            if error.status != 409:
+                raise
+            created = self.api.get(f"/api/v1/nodes/{node.name}")
+        self.node_uids[node.name] = created["metadata"]["uid"]
+        self._heartbeat(node)
+        taints = [
+            t for t in created["spec"].get("taints") or [] if t.get("key") not in NOT_READY_TAINTS
+        ]
+        self.api.patch(f"/api/v1/nodes/{node.name}", {"spec": {"taints": taints or None}}, MERGE)
+        log.info("Registered node %s with %d GPUs", node.name, node.gpus)
 
     def _heartbeat(self, node: NodeConfig) -> None:
         status = node_status(node, self.ctx.network.host_ip, self.started, self.port)
@@ -118,11 +123,31 @@ class Kubelet:
                 del self.workers[uid]
                 self.finished.add(uid)
 
+    def follow_nodes_file(self) -> None:
+        """Register nodes added to the nodes file and delete the Nodes removed from it."""
+        if self.nodes_file is None or not self.nodes_file.exists():
+            return
+        wanted = nodes_from_json(self.nodes_file.read_text())
+        known = {n.name for n in self.nodes}
+        for node in wanted:
+            if node.name not in known:
+                self._register(node)
+        for node in self.nodes:
+            if node.name not in {n.name for n in wanted}:
+                try:
+                    self.api.delete(f"/api/v1/nodes/{node.name}")
+                except ApiError as error:
+                    if error.status != 404:
+                        raise
+                log.info("Removed node %s", node.name)
+        self.nodes = wanted
+
     def run(self) -> None:
         self.register()
         next_beat = time.monotonic() + HEARTBEAT_SECONDS
         while not self.stopping.is_set():
             try:
+                self.follow_nodes_file()
                 self.sync()
                 if time.monotonic() >= next_beat:
                     for node in self.nodes:
@@ -148,6 +173,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--slot", type=int, required=True)
     parser.add_argument("--network", choices=("netns", "loopback"), required=True)
     parser.add_argument("--nodes", required=True, help="JSON list of NodeConfig fields")
+    parser.add_argument(
+        "--nodes-file", type=Path, default=None, help="the same list in a file, followed live"
+    )
     parser.add_argument("--state-dir", type=Path, required=True)
     parser.add_argument("--pod-logs", type=Path, required=True)
     parser.add_argument("--tls-cert", type=Path, required=True, help="for the log endpoint")
@@ -168,7 +196,7 @@ def main(argv: list[str] | None = None) -> None:
     host = ctx.network.host_ip
     port = free_port(host)
     start_log_server(host, port, args.tls_cert, args.tls_key, args.pod_logs)
-    kubelet = Kubelet(api, nodes_from_json(args.nodes), ctx, port)
+    kubelet = Kubelet(api, nodes_from_json(args.nodes), ctx, port, args.nodes_file)
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
         log.info("Kubelet got signal %d; stopping", signum)

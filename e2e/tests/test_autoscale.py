@@ -20,6 +20,7 @@ from load import Load, p99
 
 from kvscale.kube import Kube
 from kvscale_cluster import process
+from kvscale_cluster.config import NodeConfig
 from kvscale_cluster.fixtures import Cluster, kubectl, run_operator, wait_for
 from kvscale_cluster.install import ROOT
 from kvscale_cluster.ports import free_port
@@ -276,39 +277,51 @@ def test_metrics_outage_holds_replicas_and_recovers(
         process.stop(prom.pid)
 
 
-def test_gpu_scarcity_limits_capacity_without_runaway(
+def test_gpu_scarcity_limits_capacity_without_runaway_until_a_node_joins(
     cluster: Cluster, operator: Any, api: Kube, namespace: str
 ) -> None:
     # two nodes of 2 nvidia.com/gpu each: two replicas of 2 GPUs fit. A headroom of 250% asks
     # for at least 3.5x what one replica carries (its learned capacity can never exceed the
-    # whole demand it served alone), so demand always wants more replicas than the GPUs hold
+    # whole demand it served alone), so demand wants all 4 replicas the spec allows
     body = endpoint(
         namespace,
         resources={"gpusPerReplica": 2},
-        scaling={"maxReplicas": 6, "headroom": 2.5, "replicaCapacityTokensPerSecond": 1},
+        scaling={"maxReplicas": 4, "headroom": 2.5, "replicaCapacityTokensPerSecond": 1},
     )
     apply(cluster, namespace, body)
     url = serving(api, namespace, ready=1)
-    with Load(url, MODEL) as load:
-        load.set_rate(0.5)
+    try:
+        with Load(url, MODEL) as load:
+            load.set_rate(0.5)
 
-        def limited() -> dict[str, Any] | None:
-            st = status(api, namespace)
-            cond = condition(st, "CapacityLimited")
-            decided = st.get("capacity", {}).get("reason") == "CapacityLimited"
-            return st if cond.get("status") == "True" and decided else None
+            def limited() -> dict[str, Any] | None:
+                st = status(api, namespace)
+                cond = condition(st, "CapacityLimited")
+                decided = st.get("capacity", {}).get("reason") == "CapacityLimited"
+                return st if cond.get("status") == "True" and decided else None
 
-        st = wait_for(limited, timeout=180, what="CapacityLimited=True")
-        assert "nvidia.com/gpu" in condition(st, "CapacityLimited")["message"]
-        seen: set[str] = set()
+            st = wait_for(limited, timeout=180, what="CapacityLimited=True")
+            assert "nvidia.com/gpu" in condition(st, "CapacityLimited")["message"]
+            seen: set[str] = set()
 
-        def no_runaway() -> bool:
-            now = status(api, namespace)
-            deployment = api.get("apps/v1", "Deployment", namespace, "chat-engine") or {}
-            assert deployment["spec"]["replicas"] <= 3, "more than one replica beyond what runs"
-            seen.add(now["capacity"]["updatedAt"])
-            return len(seen) >= 4
+            def no_runaway() -> bool:
+                now = status(api, namespace)
+                deployment = api.get("apps/v1", "Deployment", namespace, "chat-engine") or {}
+                assert deployment["spec"]["replicas"] <= 3, "more than one beyond what runs"
+                seen.add(now["capacity"]["updatedAt"])
+                return len(seen) >= 4
 
-        wait_for(no_runaway, timeout=10 * INTERVAL, what="4 capacity decisions under scarcity")
-        assert status(api, namespace)["capacity"]["reason"] == "CapacityLimited"
-    assert not load.failures(), load.failures()[:5]
+            wait_for(no_runaway, timeout=10 * INTERVAL, what="4 capacity decisions under scarcity")
+            # a node with 4 GPUs joins: the pending replica is placed and the endpoint grows to
+            # what demand wants, all of it scheduled
+            cluster.add_node(NodeConfig(name="gpu-joined", gpus=4))
+
+            def recovered() -> bool:
+                now = status(api, namespace)
+                cond = condition(now, "CapacityLimited")
+                return cond.get("status") == "False" and now.get("readyReplicas") == 4
+
+            wait_for(recovered, timeout=240, what="4 replicas Ready and CapacityLimited=False")
+        assert not load.failures(), load.failures()[:5]
+    finally:
+        cluster.remove_node("gpu-joined")
