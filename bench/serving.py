@@ -28,10 +28,12 @@ def engine_server(
 ) -> Iterator[str]:
     """Start `kvscale-engine serve` on a free loopback port; yield its base URL once ready."""
     port = _free_port()
+    admin_port = next(p for p in iter(_free_port, None) if p != port)
     url = f"http://127.0.0.1:{port}"
     cmd = [
         sys.executable, "-m", "kvscale_engine.cli", "serve", "--model", str(model),
         "--served-model-name", name, "--host", "127.0.0.1", "--port", str(port),
+        "--admin-port", str(admin_port),
         "--device", "cpu", "--log-level", "warning", *args,
     ]  # fmt: skip
     with tempfile.TemporaryFile() as log:
