@@ -191,6 +191,7 @@ class CapacityLoop:
                 f"spec.replicas pins {spec.replicas} replicas; autoscaling is suspended",
                 self.state,
             )
+            self.decided = spec.replicas  # unpinned, the loop resumes from the pinned count
         else:
             decision = decide(self.history, spec, self.state, now)
         self.state = decision.state
