@@ -1,10 +1,11 @@
 """Picking a replica: weight x prefix affinity x load.
 
-`affinity` (the default): the deepest prompt-block key routed before goes back to the replica
-that took it, while that replica is within its load bound; a new prefix walks the consistent-hash
-ring from its first block with bounded load, so a shared system prompt lands where its blocks are
-cached until that replica carries more than (1 + epsilon) x its weighted share. Without prompt
-blocks, and as the tie-break, the replica with the fewest outstanding tokens per unit weight wins.
+`affinity` (the default): the deepest prompt-block key routed before goes back to a replica that
+took it, while that replica is within its load bound (it carries at most (1 + epsilon) x its
+weighted share of the outstanding tokens); when several took it (a system prompt every replica
+has served), the one with the fewest outstanding tokens per unit weight wins, so a shared prefix
+does not herd new conversations onto one replica. A prefix never seen walks the consistent-hash
+ring from its first block with bounded load. Without prompt blocks, the least loaded replica.
 `least-loaded` skips affinity; `round-robin` is the baseline the benchmark compares against.
 Weights scale each replica's load bound; weight 0 takes no new request.
 """
@@ -30,37 +31,36 @@ class Choice:
 
 
 class AffinityIndex:
-    """Recently routed prefix keys and the replica that took them, least recently used first out.
+    """Recently routed prefix keys and the replicas that took them, least recently used first out.
 
-    An approximation of each replica's prefix cache: replicas evict too, so the index is bounded.
+    An approximation of the replicas' prefix caches: they evict too, so the index is bounded.
     """
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
-        self._owner: OrderedDict[int, str] = OrderedDict()
+        self._owners: OrderedDict[int, frozenset[str]] = OrderedDict()
 
-    def owners(self, keys: Sequence[int]) -> list[str]:
-        """Owners of the keys, deepest prefix first, each replica once."""
-        found: list[str] = []
-        for key in reversed(keys):
-            owner = self._owner.get(key)
-            if owner is not None and owner not in found:
-                found.append(owner)
-        return found
+    def owners(self, keys: Sequence[int]) -> list[frozenset[str]]:
+        """The replicas that took each key, deepest prefix first (unknown keys skipped)."""
+        return [self._owners[k] for k in reversed(keys) if k in self._owners]
 
     def remember(self, keys: Sequence[int], owner: str) -> None:
         for key in keys:
-            self._owner[key] = owner
-            self._owner.move_to_end(key)
-        while len(self._owner) > self.capacity:
-            self._owner.popitem(last=False)
+            self._owners[key] = self._owners.get(key, frozenset()) | {owner}
+            self._owners.move_to_end(key)
+        while len(self._owners) > self.capacity:
+            self._owners.popitem(last=False)
 
     def forget(self, owner: str) -> None:
-        for key in [k for k, v in self._owner.items() if v == owner]:
-            del self._owner[key]
+        for key in [k for k, v in self._owners.items() if owner in v]:
+            rest = self._owners[key] - {owner}
+            if rest:
+                self._owners[key] = rest
+            else:
+                del self._owners[key]
 
     def __len__(self) -> int:
-        return len(self._owner)
+        return len(self._owners)
 
 
 class Picker:
@@ -101,9 +101,13 @@ class Picker:
         return Choice(self._least_loaded(live), "least_loaded")
 
     def _affine(self, keys: Sequence[int], cost: float, live: Mapping[str, float]) -> Choice:
-        for owner in self.index.owners(keys):
-            if owner in live and within_bound(owner, cost, self.tokens, live, self.epsilon):
-                return Choice(owner, "affinity")
+        for owners in self.index.owners(keys):
+            fits = [
+                o for o in owners
+                if o in live and within_bound(o, cost, self.tokens, live, self.epsilon)
+            ]  # fmt: skip
+            if fits:
+                return Choice(self._least_loaded({o: live[o] for o in fits}), "affinity")
         if self._ring.names != frozenset(live):
             self._ring = HashRing.build(sorted(live))
         name = bounded_pick(self._ring, keys[0], cost, self.tokens, live, self.epsilon)

@@ -38,6 +38,7 @@ class RoutingParams:
     kv_gain: float = 2.0  # at 100 % KV usage
     preemption_gain: float = 2.0  # per preemption per second
     ttft_gain: float = 1.0  # per multiple of the SLO (or of the peers' median) above 1
+    ttft_margin_s: float = 0.25  # without an SLO, TTFT this close to the peers' is noise
     tolerance: float = 0.3  # pressure up to (1 + tolerance) x the median is noise ...
     slack: float = 0.25  # ... plus this much (a quarter of a queued request per slot)
     fall: float = 0.8  # share of a drop applied at once
@@ -84,10 +85,12 @@ def pressure(r: ReplicaSignals, peers_ttft: float | None, params: RoutingParams)
     """How overloaded one replica looks: 0 when idle, growing without bound."""
     queue = r.waiting / max(1.0, r.running)
     kv = max(0.0, r.kv_usage - params.kv_knee) / (1.0 - params.kv_knee)
-    ttft = 0.0
-    reference = params.ttft_slo_s or peers_ttft
-    if r.latency.ttft_p99 is not None and reference:
-        ttft = max(0.0, r.latency.ttft_p99 / reference - 1.0)
+    ttft, mine = 0.0, r.latency.ttft_p99
+    if mine is not None and params.ttft_slo_s:  # past the SLO, in multiples of it
+        ttft = max(0.0, mine / params.ttft_slo_s - 1.0)
+    elif mine is not None and peers_ttft is not None:  # past the peers, beyond a noise margin
+        margin = params.ttft_margin_s
+        ttft = max(0.0, mine - peers_ttft - margin) / max(peers_ttft, margin)
     return (
         params.queue_gain * queue
         + params.kv_gain * kv

@@ -178,3 +178,12 @@ def test_the_hot_replica_drops_below_its_peers(waiting: float, others: float) ->
     )
     assert after.weights["a"] < before.weights["a"]
     assert after.weights["a"] < min(after.weights["b"], after.weights["c"])
+
+
+def test_without_an_slo_small_ttft_differences_are_noise() -> None:
+    quick = ReplicaSignals(pod="a", running=1.0, latency=Latency(ttft_p99=0.005))
+    slower = ReplicaSignals(pod="b", running=1.0, latency=Latency(ttft_p99=0.02))
+    stuck = ReplicaSignals(pod="c", running=1.0, latency=Latency(ttft_p99=4.0))
+    d = decide(PODS, [quick, slower, stuck], (), (), RoutingState())
+    assert d.weights["a"] == d.weights["b"] == 1.0  # 4x, but 15 ms apart
+    assert d.weights["c"] < 0.5

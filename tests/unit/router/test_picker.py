@@ -85,3 +85,14 @@ def test_bad_settings_are_refused() -> None:
         Picker(policy="random")  # type: ignore[arg-type]
     with pytest.raises(ValueError):
         Picker(epsilon=0)
+
+
+def test_a_prefix_every_replica_has_goes_to_the_least_loaded() -> None:
+    """A system prompt all replicas served must not herd new conversations onto one."""
+    picker = Picker()
+    for name in ALL:
+        picker.index.remember(keys(5)[:4], name)  # the shared system prompt's blocks
+    picker.started("a", 300)
+    picker.started("b", 100)
+    choice = picker.pick(keys(5, tail=1), 10, ALL)  # a new conversation after that prompt
+    assert choice is not None and (choice.name, choice.reason) == ("c", "affinity")
