@@ -79,6 +79,7 @@ class ServerState:
             stats = await self._engine_loop.call(engine.stats)
             self.block_size, self.num_kv_blocks = stats.block_size, stats.num_total_blocks
             self._admission = self._build_admission(stats)
+            self._admission.draining = self.draining  # a drain asked for while loading holds
             self.metrics.set_cache_info(self._cache_info(stats))
             self._on_stats(stats)
             if self.config.warmup:

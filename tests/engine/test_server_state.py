@@ -10,7 +10,7 @@ from kvscale_engine.llm_engine import LLMEngine
 from kvscale_engine.metrics import EngineMetrics
 from kvscale_engine.sampling_params import SamplingParams
 from kvscale_engine.server_config import ServerConfig
-from kvscale_engine.serving import ServerState
+from kvscale_engine.serving import Refused, ServerState
 
 PARAMS = SamplingParams(temperature=0.0, max_tokens=4)
 
@@ -77,6 +77,29 @@ def test_a_refused_engine_request_gives_its_slot_back(
             finally:
                 gen.close()
             assert state.admission.in_flight == 0 and state.active == 0
+        finally:
+            await state.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_drain_asked_for_while_loading_holds_once_loaded(
+    make_engine: Callable[..., LLMEngine],
+) -> None:
+    async def scenario() -> None:
+        state = _state()
+        state.start_draining()  # the operator drained a replica that was still starting
+        await state.load(make_engine())
+        try:
+            assert not state.ready and state.status == "draining"
+            try:
+                await state.admit(None, 16)
+            except Refused as refused:
+                assert (refused.status, refused.reason) == (503, "draining")
+            else:
+                raise AssertionError("a draining replica admitted a request")
+            assert state.stop_draining() and state.ready
+            state.release(await state.admit(None, 16))
         finally:
             await state.close()
 
