@@ -26,7 +26,9 @@ def install_kvscale(kubectl: Kubectl) -> None:
 
 
 def uninstall_kvscale(kubectl: Kubectl) -> None:
-    """Deletes every endpoint while the operator still runs (it holds their finalizers), then
-    the operator, its RBAC and the CRD."""
-    kubectl("delete", "llme", "--all", "--all-namespaces", "--timeout=120s")
+    """`kubectl delete -k manifests/`: the operator, its RBAC and the CRD, in any order.
+
+    Endpoints carry no finalizer, so none waits for an operator: deleting the CRD deletes the
+    endpoints still present, and the garbage collector removes their children (owner references).
+    """
     kubectl("delete", "-k", str(MANIFESTS), "--ignore-not-found", "--timeout=180s")
