@@ -20,6 +20,7 @@ from kvscale.kube import Kube
 OPERATOR_NAMESPACE = "kvscale-system"
 OPERATOR_SELECTOR = "app.kubernetes.io/name=kvscale-operator"
 ROUTER_PORT = 8080
+ENGINE_PORT = 8000
 # what an endpoint's children are, listed by its label: (apiVersion, collection path)
 CHILD_KINDS = {
     "Deployment": "/apis/apps/v1/namespaces/{ns}/deployments",
@@ -95,6 +96,17 @@ def router_counters(api: Kube, namespace: str, endpoint: str) -> dict[tuple[str,
                 key = (sample.name, labels)
                 totals[key] = totals.get(key, 0.0) + sample.value
     return totals
+
+
+def engine_running(pod: dict[str, Any]) -> float:
+    """Requests the engine is generating for right now (its `vllm:num_requests_running`)."""
+    text = httpx.get(f"http://{pod['status']['podIP']}:{ENGINE_PORT}/metrics", timeout=5).text
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "vllm:num_requests_running"
+    )
 
 
 def upstream_failed(counters: dict[tuple[str, str], float], replica: str) -> float:

@@ -23,6 +23,7 @@ from scenario_helpers import (
     OPERATOR_SELECTOR,
     TimedLoad,
     children,
+    engine_running,
     in_flight,
     is_ready,
     kill_container,
@@ -141,13 +142,15 @@ def test_engine_crash_is_restarted_and_routed_around(
         return published if len(published) == 2 and min(published.values()) > 0 else None
 
     victim = sorted(wait_for(both_weighted, timeout=120, what="both replicas weighted"))[0]
-    with TimedLoad(url, MODEL) as load:
-        load.set_rate(2)
-        wait_for(
-            lambda: in_flight(router_counters(api, namespace, "chat"), victim) >= 1,
-            timeout=60,
-            what=f"requests in flight on {victim}",
-        )
+    # long answers at a rate one replica alone can carry: the killed one is caught mid-stream
+    with TimedLoad(url, MODEL, max_tokens=128) as load:
+        load.set_rate(0.5)
+
+        def streaming() -> bool:
+            pod = api.get("v1", "Pod", namespace, victim) or {}
+            return engine_running(pod) >= 1
+
+        wait_for(streaming, timeout=60, what=f"{victim} generating")
         pod = api.get("v1", "Pod", namespace, victim)
         assert pod is not None and restarts(pod) == 0
         counters = router_counters(api, namespace, "chat")
@@ -170,13 +173,13 @@ def test_engine_crash_is_restarted_and_routed_around(
 
         wait_for(back, timeout=300, what=f"{victim} restarted, Ready and weighted again")
         recovered = time.monotonic()
-        wait_for(lambda: len(load.since(recovered)) >= 20, timeout=120, what="20 requests after")
+        wait_for(lambda: len(load.since(recovered)) >= 10, timeout=120, what="10 requests after")
         counters = router_counters(api, namespace, "chat")
     failures = [r for r in load.results if r.error is not None]
     assert all(r.started < crashed for r in failures), "a request sent after the crash failed"
     # every failure is one the router relayed from the killed replica, after its first byte
     assert len(failures) == upstream_failed(counters, victim) - failed_before, failures[:5]
-    assert len(failures) <= on_victim, f"{len(failures)} failed, {on_victim} were on {victim}"
+    assert 1 <= len(failures) <= on_victim, f"{len(failures)} failed, {on_victim} on {victim}"
     for _, ended, error in load.finished_between(crashed, crashed):
         if error is not None:
             assert ended - crashed <= FAIL_FAST_S, f"hung {ended - crashed:.0f} s: {error}"
