@@ -7,15 +7,42 @@ One registry per operator (held by the workers, never a module global), served o
 from __future__ import annotations
 
 import contextlib
-from wsgiref.simple_server import WSGIServer
+import threading
+from collections.abc import Callable, Iterable
+from socketserver import ThreadingMixIn
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, make_wsgi_app
 
 from kvscale.controllers.capacity import Decision
 from kvscale.signals.snapshot import Snapshot
 
 LABELS = ("namespace", "endpoint")
 PREFIX = "kvscale_operator:"
+
+
+class _Server(ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, *args: Any) -> None:
+        """Scrapes every few seconds are not worth a log line."""
+
+
+def text_format_only(app: Callable[..., Iterable[bytes]]) -> Callable[..., Iterable[bytes]]:
+    """`app` answering every scrape in the Prometheus text format.
+
+    prometheus_client escapes the colon of `kvscale_operator:*` names to `_` when it answers in
+    OpenMetrics (which Prometheus asks for first); the text format keeps the names, as the
+    engines' and routers' /metrics do.
+    """
+
+    def plain(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        return app({**environ, "HTTP_ACCEPT": "text/plain; version=0.0.4"}, start_response)
+
+    return plain
 
 
 class OperatorMetrics:
@@ -54,7 +81,9 @@ class OperatorMetrics:
 
     def serve(self, port: int) -> int:
         """Serve /metrics on `port` (0: any free port); returns the port."""
-        self._server, _ = start_http_server(port, registry=self.registry)
+        app = text_format_only(make_wsgi_app(self.registry))
+        self._server = make_server("", port, app, _Server, handler_class=_QuietHandler)
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
         return int(self._server.server_port)
 
     def close(self) -> None:
