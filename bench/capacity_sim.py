@@ -32,6 +32,8 @@ TRACES: dict[str, dict[str, Any]] = {
     "mooncake": {"hours": 4.0, "rate_scale": 10.0, "dt": 1.0, "ttft": 10.0},
     "servegen-m-large": {"hours": 14 * 24.0, "rate_scale": 0.25, "dt": 5.0, "ttft": 2.0},
 }
+# a comma-separated subset, e.g. to run the 14-day trace in a second process
+ONLY = [t for t in os.environ.get("KVSCALE_SIM_TRACES", "").split(",") if t]
 QUICK_HOURS = 0.5
 
 
@@ -40,6 +42,8 @@ def run(quick: bool = False) -> dict[str, Any]:
     profile = load_profile(PROFILE)
     out: dict[str, Any] = {}
     for name, cfg in TRACES.items():
+        if ONLY and name not in ONLY:
+            continue
         scenario = Scenario(
             trace=name,
             traces_dir=traces_dir,

@@ -249,16 +249,16 @@ class Engines:
             left = self.left[pf]
             start = np.r_[True, pr[1:] != pr[:-1]]
             group_first = np.maximum.accumulate(np.where(start, np.arange(len(pr)), 0))
-            cs = np.cumsum(left)
-            c = cs - (cs[group_first] - left[group_first])
+            c = _group_cumsum(left, group_first)
             done = c <= pre_done[pr] + 1e-6
+            finish = _fifo_finish(
+                np.maximum(self.at[pf], t0), left * t_mixed[pr] / chunk[pr], pr, group_first
+            )
             self.left[pf] = np.clip(c - pre_done[pr], 0.0, left)
             new_first = pf[done]
             nr = pr[done]
-            tau = c[done] / np.maximum(chunk[nr], 1.0) * t_mixed[nr]
-            own = (self.inp[new_first] - self.cached[new_first]) / rate[nr]
             fresh = np.isnan(self.first[new_first])
-            got = np.maximum(t0 + tau, self.at[new_first] + own)
+            got = np.minimum(finish[done], t1)
             self.first[new_first] = np.where(fresh, got, self.first[new_first])
             first_at = self.at[new_first][fresh]
             ttft = (got - self.at[new_first])[fresh]
@@ -331,6 +331,15 @@ class Engines:
         idx = slots * hist.shape[1] + np.searchsorted(buckets, values, side="left")
         flat = np.bincount(idx, weights, minlength=hist.size)
         hist += flat.reshape(hist.shape)
+
+
+def _fifo_finish(arrive: F, work: F, group: IntA, group_first: IntA) -> F:
+    """Finish times of a first-come first-served server per group (replica), vectorised:
+    finish_i = S_i + max_{j<=i} (arrive_j - S_{j-1}) with S the group's cumulative work."""
+    total = _group_cumsum(work, group_first)
+    key = arrive - (total - work)
+    offset = group.astype(np.float64) * (np.abs(key).max(initial=0.0) * 2 + 1e6)
+    return np.asarray(total + np.maximum.accumulate(key + offset) - offset, dtype=np.float64)
 
 
 def _group_cumsum(values: F, group_first: IntA) -> F:
