@@ -25,6 +25,8 @@ BENCHMARKS = {
     "operator_scale": "bench.operator_scale",
     "service_proxy": "bench.service_proxy",
     "router_overhead": "bench.router_overhead",
+    "router_prefix": "bench.router_prefix",
+    "router_reweight": "bench.router_reweight",
     "profile": "bench.profile",
     "capacity_sim": "bench.capacity_sim",
     "sim_step": "bench.sim_step",
