@@ -224,3 +224,42 @@ def test_class_limits_refuse_with_429_and_retry_after(
         assert (
             refusals['kvscale_router:refusals_total{reason="deadline",traffic_class="batch"}'] == 1
         )
+
+
+def test_a_draining_replica_answering_503_is_skipped(
+    engines: dict[str, LiveServer], tmp_path: Path
+) -> None:
+    a = engines["a"]
+    with live_router(urls(engines), tmp_path, "--policy", "round-robin") as router:
+        assert httpx.post(f"{a.admin_url}/drain", timeout=30).status_code == 200
+        try:
+            for i in range(4):
+                out = client(router).completions.create(model=MODEL, prompt=f"d{i}", max_tokens=2)
+                assert out.choices[0].finish_reason == "length"
+        finally:
+            httpx.post(f"{a.admin_url}/undrain", timeout=30)
+        assert router.metric("kvscale_router:retries_total", reason="503") >= 1
+        assert router.metric("kvscale_router:requests_total", replica="b", code="200") == 4
+
+
+def test_a_replica_dying_mid_stream_is_reported_in_band(llama_dir: Path, tmp_path: Path) -> None:
+    with (
+        live_server(llama_dir, tmp_path, *LONG) as doomed,
+        live_router({"doomed": doomed.url}, tmp_path) as router,
+    ):
+        stream = client(router).completions.create(
+            model=MODEL, prompt="Short-lived", max_tokens=2000, stream=True,
+            extra_body={"ignore_eos": True},
+        )  # fmt: skip
+        chunks = iter(stream)
+        next(chunks)
+        doomed.process.kill()
+        with pytest.raises(openai.APIError, match="mid-stream"):
+            for _ in chunks:
+                pass
+        wait_for(
+            lambda: router.metric(
+                "kvscale_router:requests_total", replica="doomed", code="upstream_failed"
+            ) == 1,
+            30, "the failure in the router's metrics",
+        )  # fmt: skip
