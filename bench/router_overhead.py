@@ -152,6 +152,29 @@ async def drive(url: str, rate: float, count: int, seed: int) -> list[tuple[floa
         return await asyncio.gather(*(later(o) for o in offsets))
 
 
+async def one_at_a_time(url: str, count: int) -> list[float]:
+    """Closed loop, one request in flight: latency without any queueing."""
+    body = json.dumps({"model": "m", "prompt": "hello " * 32, "stream": True}).encode()
+    async with aiohttp.ClientSession() as session:
+        for _ in range(20):
+            await _one(session, url, body)
+        return [(await _one(session, url, body))[0] for _ in range(count)]
+
+
+def _sequential(upstream: str, router: str, count: int) -> dict[str, float]:
+    direct: list[float] = []
+    routed: list[float] = []
+    for r in range(2):  # interleaved
+        for name, url in (("direct", upstream), ("router", router))[:: 1 if r == 0 else -1]:
+            (direct if name == "direct" else routed).extend(asyncio.run(one_at_a_time(url, count)))
+    out: dict[str, float] = {}
+    for q in (50, 99):
+        d, rt = 1000 * pct(direct, q / 100), 1000 * pct(routed, q / 100)
+        out |= {f"direct_p{q}_ms": round(d, 3), f"router_p{q}_ms": round(rt, 3),
+                f"added_p{q}_ms": round(rt - d, 3)}  # fmt: skip
+    return out
+
+
 def pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
@@ -222,12 +245,14 @@ def run(quick: bool = False) -> dict[str, Any]:
         own = _histogram_quantiles(httpx.get(f"{router}/metrics", timeout=10).text)
         light_rate = p["rate"] / 4
         light = _side_by_side(upstream, router, light_rate, p["requests"] // 4, 2)
+        sequential = _sequential(upstream, router, p["requests"] // 4)
     met = {k: headline[k] < TARGET[k] for k in TARGET}
     return headline | {
         "target": "added_p50_ms < 1 and added_p99_ms < 5 (streaming, 200 req/s, fast upstream)",
         "met": met,
         "router_own_histogram_at_full_rate": own,
         f"at_{light_rate:g}_requests_per_s": light,
+        "one_request_at_a_time": sequential,
         "load_average_1m": {
             "before": round(load_before, 2),
             "after": round(os.getloadavg()[0], 2),
