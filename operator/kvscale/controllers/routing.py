@@ -12,10 +12,12 @@ and rise slowly through a dead band, so flat noisy load does not make them oscil
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from kvscale.signals.snapshot import ReplicaSignals
@@ -79,6 +81,13 @@ class RoutingDecision:
     message: str  # a sentence
     state: RoutingState
     targets: dict[str, float]  # unsmoothed, for status and debugging
+
+
+def publication(decision: RoutingDecision, now: float) -> str:
+    """`weights.json` of the `<endpoint>-routing` ConfigMap, the format the router reads."""
+    updated = datetime.fromtimestamp(now, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    body = {"weights": decision.weights, "updatedAt": updated, "reason": decision.reason}
+    return json.dumps(body, sort_keys=True, separators=(",", ":"))
 
 
 def pressure(r: ReplicaSignals, peers_ttft: float | None, params: RoutingParams) -> float:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 import random
 from collections.abc import Callable, Sequence
 
@@ -187,3 +188,13 @@ def test_without_an_slo_small_ttft_differences_are_noise() -> None:
     d = decide(PODS, [quick, slower, stuck], (), (), RoutingState())
     assert d.weights["a"] == d.weights["b"] == 1.0  # 4x, but 15 ms apart
     assert d.weights["c"] < 0.5
+
+
+def test_publication_is_the_configmap_format_the_router_reads() -> None:
+    d = decide(("a", "b"), [], (), {"b"}, RoutingState())
+    text = routing.publication(d, 0.0)
+    assert json.loads(text) == {
+        "weights": {"a": 1.0, "b": 0.0},
+        "updatedAt": "1970-01-01T00:00:00Z",
+        "reason": routing.DRAINING,
+    }

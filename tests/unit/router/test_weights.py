@@ -64,3 +64,14 @@ def test_static_replicas_parse() -> None:
     for bad in ("", "ftp://x", "a=http://h:1,a=http://h:2", "a=h:1"):
         with pytest.raises(ValueError):
             parse_replicas(bad)
+
+
+def test_the_router_reads_what_the_operator_publishes() -> None:
+    """The wire contract: the routing law's publication parses into the same weights."""
+    from kvscale.controllers import routing
+
+    decision = routing.decide(("p-0", "p-1"), [], ("p-1",), (), routing.RoutingState())
+    published = from_configmap({"weights.json": routing.publication(decision, 1e9)})
+    assert published is not None
+    assert published.weights == {"p-0": 1.0, "p-1": 0.0}
+    assert published.reason == routing.WARMING and published.updated_at == "2001-09-09T01:46:40Z"
