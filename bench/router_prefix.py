@@ -22,7 +22,7 @@ from typing import Any
 
 import httpx
 
-from bench.router_overhead import free_port, pct, router_server
+from bench.router_overhead import pct, router_server
 from bench.serving import engine_server
 from kvscale.tools import loadtest
 from kvscale.tools.client import Target
@@ -65,10 +65,8 @@ def traces_dir() -> Path:
 @contextmanager
 def engines(model: Path, count: int, *flags: str) -> Iterator[dict[str, str]]:
     with ExitStack() as stack:
-        yield {  # each on its own admin port (drain), as each pod would have
-            f"r{i}": stack.enter_context(
-                engine_server(model, *flags, f"--admin-port={free_port()}", torch_threads=1)
-            )
+        yield {
+            f"r{i}": stack.enter_context(engine_server(model, *flags, torch_threads=1))
             for i in range(count)
         }
 
