@@ -76,6 +76,7 @@ class EndpointWorker:
     # -- the loop
     async def _run(self) -> None:
         while True:
+            self.kicked.clear()  # before the pass: a kick during it wakes the next one at once
             try:
                 delay = await self._pass()
             except asyncio.CancelledError:
@@ -86,7 +87,6 @@ class EndpointWorker:
             except Exception:
                 log.exception(f"Pass over {self.namespace}/{self.name} failed unexpectedly")
                 delay = RETRY_DELAY
-            self.kicked.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.kicked.wait(), timeout=max(delay, 0.05))
 
@@ -97,8 +97,12 @@ class EndpointWorker:
         outcome: Outcome | None = None
         events: list[Event] = []
         if now >= self._next_reconcile:
-            outcome = await self._reconcile(body, self.capacity.desired(body), "")
-            self._next_reconcile = now + RECONCILE_INTERVAL
+            self._next_reconcile = now + RECONCILE_INTERVAL  # a kick meanwhile resets it
+            try:
+                outcome = await self._reconcile(body, self.capacity.desired(body), "")
+            except Exception:
+                self._next_reconcile = 0.0  # retried after RETRY_DELAY
+                raise
             events += outcome.events
             if outcome.invalid is not None:
                 await self._write(body, outcome.changes, events)
