@@ -8,6 +8,11 @@ non-streaming. Output lengths are exact (EOS ignored) so both sides emit the sam
 Both engines run PyTorch on one thread: on a GPU host the model does not occupy the CPU cores the
 server needs, and on this 2-core machine two OpenMP threads per engine make every run hostage to
 whatever else is running (a co-runner slowed 2-thread runs up to 40x, 1-thread runs 2x).
+
+Wall-clock rates swing with whatever else runs on a shared machine, so the same pairs are also
+compared by CPU time: the offline process's against the server process's (every thread: the
+engine step, HTTP, JSON, SSE), for the same output tokens. That ratio is what the server costs on
+top of the engine, whatever the neighbours do; the client's CPU is not counted.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import httpx
 import torch
 
 from bench.harness import make_engine, run_kvscale
-from bench.serving import engine_server
+from bench.serving import EngineProcess, engine_process
 from bench.workloads import Request, anyscale
 from kvscale.tools import loadtest
 from kvscale.tools.client import Target
@@ -49,20 +54,23 @@ def _planned(requests: list[Request]) -> list[PlannedRequest]:
     ]
 
 
-async def _streamed(url: str, requests: list[Request]) -> dict[str, Any]:
+async def _streamed(server: EngineProcess, requests: list[Request]) -> dict[str, Any]:
     cfg = loadtest.LoadTestConfig(
-        target=Target(url, "bench", ignore_eos=True), requests=_planned(requests),
+        target=Target(server.url, "bench", ignore_eos=True), requests=_planned(requests),
         metrics_url=None, progress=False,
     )  # fmt: skip
+    cpu = server.cpu_seconds()
     result = await loadtest.run(cfg)
+    cpu = server.cpu_seconds() - cpu
     done = [r for r in result.records if r.ok]
     assert len(done) == len(requests), "every request should complete"
     tokens = sum(r.output_tokens for r in done)
-    return {"seconds": result.duration_s, "output_tokens": tokens,
+    return {"seconds": result.duration_s, "output_tokens": tokens, "server_cpu_s": cpu,
             "output_tokens_per_s": tokens / result.duration_s}  # fmt: skip
 
 
-async def _unstreamed(url: str, requests: list[Request]) -> dict[str, Any]:
+async def _unstreamed(server: EngineProcess, requests: list[Request]) -> dict[str, Any]:
+    url = server.url
     async with httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_connections=None)) as c:
 
         async def one(r: Request) -> int:
@@ -72,10 +80,11 @@ async def _unstreamed(url: str, requests: list[Request]) -> dict[str, Any]:
             resp.raise_for_status()
             return int(resp.json()["usage"]["completion_tokens"])
 
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), server.cpu_seconds()
         tokens = sum(await asyncio.gather(*(one(r) for r in requests)))
-        seconds = time.perf_counter() - start
-    return {"seconds": seconds, "output_tokens": tokens, "output_tokens_per_s": tokens / seconds}
+        seconds, cpu = time.perf_counter() - start, server.cpu_seconds() - cpu
+    return {"seconds": seconds, "output_tokens": tokens, "server_cpu_s": cpu,
+            "output_tokens_per_s": tokens / seconds}  # fmt: skip
 
 
 def run(quick: bool = False) -> dict[str, Any]:
@@ -97,6 +106,7 @@ def _run(p: dict[str, Any]) -> dict[str, Any]:
 
     settings = {**ENGINE, "max_num_seqs": p["max_num_seqs"]}
     offline: list[float] = []
+    offline_cpu: list[float] = []
     streamed: list[dict[str, Any]] = []
     unstreamed: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -104,27 +114,41 @@ def _run(p: dict[str, Any]) -> dict[str, Any]:
         engine = make_engine(path, **settings)
         flags = [f"--{k.replace('_', '-')}={v}" for k, v in settings.items()]
         limit = f"--max-concurrency={p['max_num_seqs']}"
-        with engine_server(path, *flags, limit, torch_threads=1) as url:
+        with engine_process(path, *flags, limit, torch_threads=1) as server:
             # interleaved, so that load from elsewhere on the machine hits both sides alike
             # warm-up: a process runs its first few batches several times slower (kernels for
             # new shapes), so both sides get the same number of warm-up runs first
             for seed in range(900, 900 + int(p["warmup"])):
                 run_kvscale(engine, workload(seed))
-                asyncio.run(_streamed(url, workload(seed)))
+                asyncio.run(_streamed(server, workload(seed)))
             for round_ in range(int(p["repeats"])):
                 # each HTTP run right after the offline run of the same prompts
                 a, b = workload(2 * round_), workload(2 * round_ + 1)
-                offline.append(run_kvscale(engine, a).tokens_per_s)
-                streamed.append(asyncio.run(_streamed(url, a)) | {"offline": offline[-1]})
-                offline.append(run_kvscale(engine, b).tokens_per_s)
-                unstreamed.append(asyncio.run(_unstreamed(url, b)) | {"offline": offline[-1]})
+                for requests, send, into in (
+                    (a, _streamed, streamed),
+                    (b, _unstreamed, unstreamed),
+                ):
+                    alone = run_kvscale(engine, requests)
+                    offline.append(alone.tokens_per_s)
+                    offline_cpu.append(alone.cpu_seconds)
+                    into.append(
+                        asyncio.run(send(server, requests))
+                        | {"offline": offline[-1], "offline_cpu_s": alone.cpu_seconds}
+                    )
     stream_ratio = statistics.median(r["output_tokens_per_s"] / r["offline"] for r in streamed)
     plain_ratio = statistics.median(r["output_tokens_per_s"] / r["offline"] for r in unstreamed)
+    stream_cpu = statistics.median(r["offline_cpu_s"] / r["server_cpu_s"] for r in streamed)
+    plain_cpu = statistics.median(r["offline_cpu_s"] / r["server_cpu_s"] for r in unstreamed)
     requests = workload(0)
     return {
         "http_vs_offline": round(stream_ratio, 3),
         "http_unstreamed_vs_offline": round(plain_ratio, 3),
+        "http_vs_offline_by_cpu_time": round(stream_cpu, 3),
+        "http_unstreamed_vs_offline_by_cpu_time": round(plain_cpu, 3),
         "target": "http_vs_offline >= 0.9 (streaming, usage on, one SSE event per token)",
+        "offline_cpu_s": [round(x, 2) for x in offline_cpu],
+        "server_cpu_s_streamed": [round(r["server_cpu_s"], 2) for r in streamed],
+        "server_cpu_s_unstreamed": [round(r["server_cpu_s"], 2) for r in unstreamed],
         "offline_output_tokens_per_s": [round(x, 1) for x in offline],
         "http_stream_output_tokens_per_s": [round(r["output_tokens_per_s"], 1) for r in streamed],
         "http_unstreamed_output_tokens_per_s": [

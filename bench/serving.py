@@ -10,6 +10,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -22,11 +23,31 @@ def _free_port() -> int:
         return port
 
 
+@dataclass(frozen=True)
+class EngineProcess:
+    url: str
+    pid: int
+
+    def cpu_seconds(self) -> float:
+        """CPU time the server process has used so far (all its threads, user + system)."""
+        fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 @contextmanager
 def engine_server(
     model: Path, *args: str, name: str = "bench", torch_threads: int | None = None
 ) -> Iterator[str]:
     """Start `kvscale-engine serve` on a free loopback port; yield its base URL once ready."""
+    with engine_process(model, *args, name=name, torch_threads=torch_threads) as process:
+        yield process.url
+
+
+@contextmanager
+def engine_process(
+    model: Path, *args: str, name: str = "bench", torch_threads: int | None = None
+) -> Iterator[EngineProcess]:
+    """`engine_server`, yielding the process too (for its CPU time)."""
     port = _free_port()
     admin_port = next(p for p in iter(_free_port, None) if p != port)
     url = f"http://127.0.0.1:{port}"
@@ -48,7 +69,7 @@ def engine_server(
                     log.seek(0)
                     raise RuntimeError(f"server did not start:\n{log.read().decode()[-3000:]}")
                 time.sleep(0.1)
-            yield url
+            yield EngineProcess(url, proc.pid)
         finally:
             proc.terminate()
             try:
