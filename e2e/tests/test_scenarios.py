@@ -4,8 +4,10 @@ Service with the official `openai` client, and every wait is on a condition.
 
 - the operator's pod killed while a scale-up is under way: a new one converges to the same
   count, with the same children (no duplicate, none orphaned) and the decision history intact;
-- one engine replica's process killed under load: it is restarted, the routing weights leave it
-  out while it is not Ready, the requests it was serving fail at once and no other request does;
+- one engine replica's process killed under load: it is restarted, the routers leave it out
+  while it is not Ready, the operator's published weights leave it out (absent while not Ready
+  or 0 while it warms up) until it is weighted again, the requests it was streaming fail at once
+  and no other request does;
 - uninstalling with endpoints still present (the operator first, then `kubectl delete -k
   manifests/`) does not wedge: endpoints carry no finalizer, and their children are
   garbage-collected through owner references.
@@ -42,6 +44,7 @@ from kvscale_cluster.fixtures import Cluster, kubectl, wait_for
 from kvscale_cluster.install import install_kvscale, uninstall_kvscale
 
 ENGINES = "kvscale.io/endpoint=chat,kvscale.io/role=engine"
+WEIGHT = "kvscale_router:replica_weight"  # what each router routes a replica with
 FAIL_FAST_S = 30.0  # a request on a dead replica ends long before the client's 120 s timeout
 
 
@@ -146,14 +149,16 @@ def test_engine_crash_is_restarted_and_routed_around(
     with TimedLoad(url, MODEL, max_tokens=128) as load:
         load.set_rate(0.5)
 
-        def streaming() -> bool:
+        def streaming() -> tuple[dict[str, Any], dict[tuple[str, str], float]] | None:
+            # the router has a request on it and the engine is generating (its gauge alone
+            # may be stale: an idle engine does not update it)
             pod = api.get("v1", "Pod", namespace, victim) or {}
-            return engine_running(pod) >= 1
+            counters = router_counters(api, namespace, "chat")
+            busy = in_flight(counters, victim) >= 1 and engine_running(pod) >= 1
+            return (pod, counters) if busy else None
 
-        wait_for(streaming, timeout=60, what=f"{victim} generating")
-        pod = api.get("v1", "Pod", namespace, victim)
-        assert pod is not None and restarts(pod) == 0
-        counters = router_counters(api, namespace, "chat")
+        pod, counters = wait_for(streaming, timeout=60, what=f"{victim} streaming")
+        assert restarts(pod) == 0
         failed_before = upstream_failed(counters, victim)
         crashed = time.monotonic()
         kill_container(pod, "engine")
@@ -162,14 +167,22 @@ def test_engine_crash_is_restarted_and_routed_around(
 
         def routed_around() -> bool:
             now = api.get("v1", "Pod", namespace, victim) or {}
-            return not is_ready(now) and (weights(api, namespace, "chat") or {}).get(victim, 0) == 0
+            routers = router_counters(api, namespace, "chat")
+            return not is_ready(now) and routers.get((WEIGHT, f"replica={victim}"), 0.0) == 0
 
-        wait_for(routed_around, timeout=60, what=f"{victim} not Ready and weighted 0 (or absent)")
+        # the routers stop routing to it at once (their pod watch sees it not Ready) ...
+        wait_for(routed_around, timeout=60, what=f"{victim} not Ready and left out by the routers")
+
+        def published() -> float:
+            return float((weights(api, namespace, "chat") or {}).get(victim, 0.0))
+
+        # ... and the operator's weights leave it out (absent while not Ready, 0 while it warms
+        # up): they lag the routers' own view by a pass, so a quick restart is seen as a warm-up
+        wait_for(lambda: published() == 0, timeout=60, what=f"published weights leave {victim} out")
 
         def back() -> bool:
             now = api.get("v1", "Pod", namespace, victim) or {}
-            weight = (weights(api, namespace, "chat") or {}).get(victim, 0)
-            return restarts(now) >= 1 and is_ready(now) and weight > 0
+            return restarts(now) >= 1 and is_ready(now) and published() > 0
 
         wait_for(back, timeout=300, what=f"{victim} restarted, Ready and weighted again")
         recovered = time.monotonic()
