@@ -13,9 +13,10 @@ exactly this code. The law:
 - goes up at once when the endpoint is in trouble (queue growing, p99 TTFT above the SLO while
   requests wait, KV cache above 0.9, preemptions rising): a panic step of up to double the ready
   replicas per interval, counting replicas already starting;
-- goes down slowly: only after demand stayed low for `scaleDownStabilizationSeconds`, one replica
-  at a time, and only when N-1 replicas would carry the window's peak demand and the forecast with
-  the headroom and a further margin (the consolidation check that prevents 2<->1 oscillation);
+- goes down slowly: only after fewer replicas would have done for `scaleDownStabilizationSeconds`,
+  then one replica per interval, and only while N-1 replicas would carry the window's peak demand
+  and the forecast with the headroom and a further margin (the consolidation check that prevents
+  2<->1 oscillation);
 - scales to zero after `scaleToZeroAfterSeconds` of idleness when `minReplicas` is 0, and from
   zero as soon as requests are held for it (the router's pending demand);
 - never adds more than one replica beyond those the scheduler could place;
@@ -38,7 +39,7 @@ from kvscale.signals.snapshot import Snapshot
 DEFAULT_STARTUP_S = 120.0  # until a start-up has been measured
 DEFAULT_REQUEST_TOKENS = 1000.0  # tokens per request until one has been measured
 KV_FULL = 0.9
-SCALE_DOWN_MARGIN = 0.1  # N-1 replicas must carry the peak with this much to spare
+SCALE_DOWN_MARGIN = 0.05  # N-1 replicas must carry the peak with this much to spare
 STARTUP_WEIGHT = 0.3  # EWMA weight of a newly measured start-up time
 
 
@@ -359,7 +360,11 @@ def _finish(
         desired=desired,
         changed_at=tick.now if desired != state.desired else state.changed_at,
         idle_since=_since(state.idle_since, tick.now) if idle else None,
-        low_since=_since(state.low_since, tick.now) if reason == "StabilizingDown" else None,
+        # fewer replicas have done since low_since: after a full window, one step per interval
+        # while they still do
+        low_since=_since(state.low_since, tick.now)
+        if reason in ("StabilizingDown", "Consolidating")
+        else None,
     )
     # not-ready pods go first when a ReplicaSet shrinks; a ready one must be drained beforehand
     victim = _victim(snap) if desired < fleet.ready and desired < tick.current else None
