@@ -272,7 +272,7 @@ class CapacityLoop:
         in_flight = 0
         if victim.ip:
             try:
-                in_flight = (await drain.status(self._client, victim.ip)).in_flight
+                in_flight = (await drain.status(self._client, victim.ip)).busy
             except httpx.HTTPError:
                 in_flight = 0  # gone or dead: nothing it holds can still finish
         if in_flight > 0 and now - victim.since < DRAIN_SECONDS:

@@ -20,7 +20,13 @@ TIMEOUT_S = 5.0
 @dataclass(frozen=True)
 class DrainState:
     in_flight: int
+    queued: int
     drained: bool
+
+    @property
+    def busy(self) -> int:
+        """Requests the replica still owes an answer: admitted or waiting for admission."""
+        return self.in_flight + self.queued
 
 
 def _url(ip: str, path: str) -> str:
@@ -32,8 +38,8 @@ async def _call(client: httpx.AsyncClient, method: str, ip: str, path: str) -> D
     response = await client.request(method, _url(ip, path), timeout=TIMEOUT_S)
     response.raise_for_status()
     body = response.json()
-    in_flight = int(body.get("in_flight", 0))
-    return DrainState(in_flight, bool(body.get("drained", in_flight == 0)))
+    in_flight, queued = int(body.get("in_flight", 0)), int(body.get("queued", 0))
+    return DrainState(in_flight, queued, bool(body.get("drained", in_flight == 0)))
 
 
 async def start(client: httpx.AsyncClient, ip: str) -> DrainState:
