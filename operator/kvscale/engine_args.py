@@ -83,6 +83,8 @@ def kvscale_args(spec: api.LLMEndpointSpec) -> list[str]:
         "serve",
         *_shared_args(spec, model_location(spec), "--memory-fraction"),
         "--drain-timeout", str(DRAIN_SECONDS),
+        "--admin-port", str(ADMIN_PORT),
+        "--shutdown-grace", str(SHUTDOWN_GRACE_SECONDS),
     ]  # fmt: skip
     if spec.traffic_classes:
         args += ["--traffic-classes", _traffic_classes(spec)]

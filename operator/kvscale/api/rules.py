@@ -113,6 +113,8 @@ MANAGED_FLAGS = (
     "--enable-prefix-caching",
     "--no-enable-prefix-caching",
     "--drain-timeout",
+    "--admin-port",
+    "--shutdown-grace",
     "--traffic-classes",
     "--tensor-parallel-size",
     "-tp",
