@@ -52,16 +52,16 @@ class Recorder:
         s["demand_tokens"][m] += float(batch.input.sum() + batch.output.sum())
         self._bin(self.ttft, out.first_at, out.ttft, None)
         self._bin(self.ttft, out.refused_at, np.full(len(out.refused_at), np.inf), None)
-        s["refused"] += np.bincount(self._minute(out.refused_at), minlength=self.minutes)
+        _add(s["refused"], self._minute(out.refused_at), None)
         if len(out.itl_gap):
             self.itl[m] += np.bincount(
                 np.searchsorted(EDGES, out.itl_gap), out.itl_weight, minlength=NB
             ).astype(np.float32)
         done_m = self._minute(out.done_at)
         good = (out.done_ttft <= self.targets.ttft_s) & (out.done_tpot <= self.targets.itl_s)
-        s["successes"] += np.bincount(done_m, minlength=self.minutes)
-        s["good"] += np.bincount(done_m[good], minlength=self.minutes)
-        s["served_tokens"] += np.bincount(done_m, out.done_tokens, minlength=self.minutes)
+        _add(s["successes"], done_m, None)
+        _add(s["good"], done_m[good], None)
+        _add(s["served_tokens"], done_m, out.done_tokens)
         alive = list(ep.replicas.values())
         warming = sum(1 for r in alive if not r.ready(t0))
         busy_slots = ep.engines.outstanding()
@@ -77,16 +77,26 @@ class Recorder:
         m = min(int(t // 60), self.minutes - 1)
         self.series["desired"][m:] = desired
 
-    def _minute(self, at: F) -> F:
+    def _minute(self, at: F) -> NDArray[np.int64]:
         return np.minimum((at // 60).astype(np.int64), self.minutes - 1)
 
     def _bin(self, hist: NDArray[Any], at: F, values: F, weights: F | None) -> None:
         if len(at) == 0:
             return
-        idx = self._minute(at) * NB + np.searchsorted(EDGES, values)
-        hist += (
-            np.bincount(idx, weights, minlength=hist.size).reshape(hist.shape).astype(np.float32)
-        )
+        rows = self._minute(at)
+        first, last = int(rows.min()), int(rows.max()) + 1  # only the minutes touched
+        idx = (rows - first) * NB + np.searchsorted(EDGES, values)
+        counts = np.bincount(idx, weights, minlength=(last - first) * NB)
+        hist[first:last] += counts.reshape(last - first, NB).astype(np.float32)
+
+
+def _add(series: F, rows: NDArray[np.int64], weights: F | None) -> None:
+    """series[row] += weight (or 1) for each row, touching only the rows' span."""
+    if len(rows) == 0:
+        return
+    first = int(rows.min())
+    counts = np.bincount(rows - first, weights)
+    series[first : first + len(counts)] += counts
 
 
 def quantile_rows(hist: NDArray[Any], q: float) -> F:
