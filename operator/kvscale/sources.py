@@ -9,6 +9,8 @@ from kvscale.api import v1alpha1 as api
 from kvscale.signals.direct import DirectScrape
 from kvscale.signals.source import SignalSource
 
+SCRAPE_TIMEOUT_S = 2.0
+
 
 class Sources:
     def __init__(self) -> None:
@@ -24,7 +26,8 @@ class Sources:
                 self._prometheus[url] = PrometheusSource(url)
             return self._prometheus[url]
         if self._direct is None:
-            self._direct = DirectScrape()
+            # a dead replica must not hold a routing tick (3 s by default) for long
+            self._direct = DirectScrape(timeout_s=SCRAPE_TIMEOUT_S)
         return self._direct
 
     async def aclose(self) -> None:

@@ -39,7 +39,8 @@ from kvscale.signals.snapshot import Snapshot
 DEFAULT_STARTUP_S = 120.0  # until a start-up has been measured
 DEFAULT_REQUEST_TOKENS = 1000.0  # tokens per request until one has been measured
 KV_FULL = 0.9
-SCALE_DOWN_MARGIN = 0.05  # N-1 replicas must carry the peak with this much to spare
+SCALE_DOWN_MARGIN = 0.05  # N-1 replicas must carry the peak with at least this much to spare
+MAX_MARGIN = 0.5  # ... and with the forecast's recent relative error, up to this much
 STARTUP_WEIGHT = 0.3  # EWMA weight of a newly measured start-up time
 
 
@@ -271,7 +272,9 @@ def _choose(
     )
     if tick.current == 0:
         if snap.pending_requests > 0 or tick.demand > 0:
-            return max(1, want), "ScaleFromZero", f"Requests are waiting for a replica ({sizing})"
+            # what waits now, not a trend extrapolated from an empty endpoint
+            first = max(1, needed(tick.demand, tick.capacity, scaling.headroom))
+            return first, "ScaleFromZero", f"Requests are waiting for a replica ({sizing})"
         return 0, "ScaledToZero", "No demand and no replicas"
     panic = _panic(history, spec, tick)
     if panic is not None:
@@ -306,7 +309,9 @@ def _maybe_down(
     floor = max(scaling.min_replicas, 1)
     if n <= floor:
         return n, "Stable", f"At {n} replicas ({sizing})"
-    room = (n - 1) * tick.capacity * (1 - SCALE_DOWN_MARGIN)
+    # the less the forecast can be trusted (bursty traffic), the more N-1 must have to spare
+    margin = min(max(SCALE_DOWN_MARGIN, state.forecaster.error or 0.0), MAX_MARGIN)
+    room = (n - 1) * tick.capacity * (1 - margin)
     fits = max(tick.peak, tick.forecast) * (1 + scaling.headroom) <= room
     if not fits:
         return n, "Stable", f"{n} replicas needed ({sizing})"
@@ -344,8 +349,9 @@ def _finish(
     fleet = snap.fleet
     desired = min(max(want, scaling.min_replicas), scaling.max_replicas)
     if desired != want:
-        bound = "AtMaxReplicas" if want > desired else "AtMinReplicas"
-        reason, message = bound, f"{message}; bounded to {desired} by the spec"
+        message = f"{message}; bounded to {desired} by the spec"
+        if reason in ("DemandForecast", "Stable", "StabilizingDown", "Consolidating"):
+            reason = "AtMaxReplicas" if want > desired else "AtMinReplicas"
     placed = fleet.current - fleet.unschedulable
     if fleet.unschedulable and desired > placed + 1:
         desired = min(max(placed + 1, scaling.min_replicas), scaling.max_replicas)
