@@ -65,9 +65,30 @@ def run(quick: bool = False) -> dict[str, Any]:
         print(f"capacity_sim: {name} done in {report['wall_s']} s", flush=True)
     return {
         "what": "kvscale's capacity law vs static/reactive/hpa/keda/oracle on simulated replicas",
+        "law": _law_version(),
         "profile": PROFILE,
         "traces_dir": str(traces_dir),
         "quick": quick,
         "traces": out,
         "targets_met": {t: {k: v["met"] for k, v in r["targets"].items()} for t, r in out.items()},
     }
+
+
+def _law_version() -> str:
+    """The commit the run's capacity law came from, and whether the file differed from it."""
+    import subprocess
+
+    root = Path(__file__).parents[1]
+    law = "operator/kvscale/controllers/capacity.py"
+    try:
+        head = subprocess.run(
+            ["git", "log", "-1", "--format=%h", "--", law],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", law], cwd=root).returncode
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return f"{head}{' (modified)' if dirty else ''}"
