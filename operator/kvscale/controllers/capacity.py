@@ -42,6 +42,7 @@ KV_FULL = 0.9
 SCALE_DOWN_MARGIN = 0.05  # N-1 replicas must carry the peak with at least this much to spare
 MAX_MARGIN = 0.5  # ... and with the forecast's recent relative error, up to this much
 STARTUP_WEIGHT = 0.3  # EWMA weight of a newly measured start-up time
+MIN_EVIDENCE_TOKENS_PER_S = 1.0  # less than this per replica teaches nothing about capacity
 
 
 @dataclass(frozen=True)
@@ -204,7 +205,12 @@ def _learn_capacity(
             itl is None or itl <= slo.itl_p99_seconds
         )
     saturated = snap.waiting > 0 or snap.preemptions_per_s > 0 or snap.kv_usage_max > KV_FULL
-    seen = Observation(snap.tokens_per_s / ready, within, saturated or snap.refusals_per_s > 0)
+    # what one replica carried: the busiest one read, not the total over `ready` (a replica that
+    # turned Ready after the window began served little of it, and would drag the figure down)
+    carried = max((r.tokens_per_s for r in snap.replicas), default=snap.tokens_per_s / ready)
+    if carried < MIN_EVIDENCE_TOKENS_PER_S:
+        return capacity  # a replica that served (almost) nothing says nothing about its capacity
+    seen = Observation(carried, within, saturated or snap.refusals_per_s > 0)
     return capacity.learn(seen)
 
 
