@@ -26,18 +26,17 @@ exactly this code. The law:
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from kvscale.api.v1alpha1 import LLMEndpointSpec
+from kvscale.controllers.demand import demand, needed
 from kvscale.controllers.forecast import Forecaster
 from kvscale.controllers.replica_capacity import Observation, ReplicaCapacity
 from kvscale.signals.snapshot import Snapshot
 
 DEFAULT_STARTUP_S = 120.0  # until a start-up has been measured
-DEFAULT_REQUEST_TOKENS = 1000.0  # tokens per request until one has been measured
 KV_FULL = 0.9
 SCALE_DOWN_MARGIN = 0.05  # N-1 replicas must carry the peak with at least this much to spare
 MAX_MARGIN = 0.5  # ... and with the forecast's recent relative error, up to this much
@@ -96,41 +95,6 @@ class _Tick:
     forecast: float
     capacity: float
     horizon: float
-
-
-def request_tokens(snap: Snapshot, max_len: int) -> float:
-    """Mean prompt + generated tokens of a request, from the window's rates (at most a context)."""
-    if snap.successes_per_s > 0 and snap.tokens_per_s > 0:
-        return min(snap.tokens_per_s / snap.successes_per_s, float(max_len))
-    return min(DEFAULT_REQUEST_TOKENS, float(max_len))
-
-
-def demand(
-    snap: Snapshot,
-    prev: Snapshot | None,
-    interval_s: float,
-    clear_s: float | None = None,
-    max_len: int = 4096,
-) -> float:
-    """Tokens/s the endpoint is asked for.
-
-    Arrivals are what was served plus what joined the queue (a queue that shrank was served
-    from the backlog, so it counts against the served rate), plus what was refused; the backlog
-    still queued is to be cleared within `clear_s` (default: one interval).
-    """
-    per_request = request_tokens(snap, max_len)
-    queued = snap.waiting + snap.pending_requests
-    growth = 0.0
-    if prev is not None and prev.ok and snap.taken_at > prev.taken_at:
-        before = prev.waiting + prev.pending_requests
-        growth = (queued - before) / (snap.taken_at - prev.taken_at)
-    arrivals = max(0.0, snap.tokens_per_s + growth * per_request)
-    backlog = queued * per_request / (clear_s or interval_s)
-    return arrivals + snap.refusals_per_s * per_request + backlog
-
-
-def needed(tokens_per_s: float, capacity: float, headroom: float) -> int:
-    return math.ceil(tokens_per_s * (1 + headroom) / capacity - 1e-9) if tokens_per_s > 0 else 0
 
 
 def decide(

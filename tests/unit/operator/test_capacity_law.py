@@ -10,7 +10,8 @@ from capacity_plant import Plant, run, spec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvscale.controllers.capacity import CapacityState, decide, needed
+from kvscale.controllers.capacity import CapacityState, decide
+from kvscale.controllers.demand import needed
 from kvscale.signals.snapshot import Fleet, Latency, Problem, ReplicaSignals, Snapshot
 
 
