@@ -26,6 +26,7 @@ exactly this code. The law:
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
@@ -169,9 +170,14 @@ def _learn_capacity(
             itl is None or itl <= slo.itl_p99_seconds
         )
     saturated = snap.waiting > 0 or snap.preemptions_per_s > 0 or snap.kv_usage_max > KV_FULL
-    # what one replica carried: the busiest one read, not the total over `ready` (a replica that
-    # turned Ready after the window began served little of it, and would drag the figure down)
-    carried = max((r.tokens_per_s for r in snap.replicas), default=snap.tokens_per_s / ready)
+    # what one replica carried: the median of those read, not the total over `ready` (a replica
+    # that turned Ready after the window began served little of it and would drag the figure
+    # down; the one busiest by chance would lift it)
+    carried = (
+        statistics.median(r.tokens_per_s for r in snap.replicas)
+        if snap.replicas
+        else snap.tokens_per_s / ready
+    )
     if carried < MIN_EVIDENCE_TOKENS_PER_S:
         return capacity  # a replica that served (almost) nothing says nothing about its capacity
     seen = Observation(carried, within, saturated or snap.refusals_per_s > 0)
