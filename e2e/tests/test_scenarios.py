@@ -192,7 +192,8 @@ def test_engine_crash_is_restarted_and_routed_around(
     assert all(r.started < crashed for r in failures), "a request sent after the crash failed"
     # every failure is one the router relayed from the killed replica, after its first byte
     assert len(failures) == upstream_failed(counters, victim) - failed_before, failures[:5]
-    assert 1 <= len(failures) <= on_victim, f"{len(failures)} failed, {on_victim} on {victim}"
+    # at most those it was streaming (one caught before its first byte is retried elsewhere)
+    assert len(failures) <= on_victim, f"{len(failures)} failed, {on_victim} on {victim}"
     for _, ended, error in load.finished_between(crashed, crashed):
         if error is not None:
             assert ended - crashed <= FAIL_FAST_S, f"hung {ended - crashed:.0f} s: {error}"
