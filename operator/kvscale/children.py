@@ -107,7 +107,8 @@ def _model_volume(spec: api.LLMEndpointSpec) -> tuple[list[JSON], list[JSON]]:
     return [], []
 
 
-def _probe(path: str, period: int, failures: int) -> JSON:
+def probe(path: str, period: int, failures: int) -> JSON:
+    """An HTTP probe on the container's `http` port."""
     return {
         "httpGet": {"path": path, "port": "http"},
         "periodSeconds": period,
@@ -126,9 +127,9 @@ def _engine_container(spec: api.LLMEndpointSpec) -> JSON:
         "ports": [{"name": "http", "containerPort": ENGINE_PORT, "protocol": "TCP"}],
         "env": [{"name": "HOME", "value": "/tmp"}],
         "resources": _resources(spec),
-        "startupProbe": _probe(paths.live, 2, 300),
-        "readinessProbe": _probe(paths.ready, 2, 2),
-        "livenessProbe": _probe(paths.live, 10, 3),
+        "startupProbe": probe(paths.live, 2, 300),
+        "readinessProbe": probe(paths.ready, 2, 2),
+        "livenessProbe": probe(paths.live, 10, 3),
         "securityContext": {
             "runAsNonRoot": True,
             "runAsUser": 10001,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 
 from kvscale.api import v1alpha1 as api
-from kvscale.children import JSON, Owner, labels, selector_labels
+from kvscale.children import JSON, Owner, labels, probe, selector_labels
 from kvscale.engine_args import ENGINE_PORT
 
 ROUTER_PORT = 8080
@@ -101,15 +101,6 @@ def role_binding(owner: Owner) -> JSON:
     }
 
 
-def _probe(path: str, period: int, failures: int) -> JSON:
-    return {
-        "httpGet": {"path": path, "port": "http"},
-        "periodSeconds": period,
-        "timeoutSeconds": 2,
-        "failureThreshold": failures,
-    }
-
-
 def _container(owner: Owner, spec: api.LLMEndpointSpec) -> JSON:
     return {
         "name": ROLE,
@@ -122,8 +113,8 @@ def _container(owner: Owner, spec: api.LLMEndpointSpec) -> JSON:
             "requests": {"cpu": "250m", "memory": "256Mi"},
             "limits": {"memory": "1Gi"},
         },
-        "readinessProbe": _probe("/ready", 2, 2),
-        "livenessProbe": _probe("/health", 10, 3),
+        "readinessProbe": probe("/ready", 2, 2),
+        "livenessProbe": probe("/health", 10, 3),
         "securityContext": {
             "runAsNonRoot": True,
             "runAsUser": 10001,
