@@ -4,9 +4,12 @@ Three engine replicas sit behind the router; steady traffic flows through the ro
 sent straight to one replica (pinned, as a hot shard or a stuck batch would be) fills its queue.
 The routing-weights loop runs as the operator runs it: every `routingIntervalSeconds` (the API's
 default) a direct scrape of the replicas, the routing law (`kvscale.controllers.routing`), and a
-publication the router picks up. Measured from the burst: the seconds until the router routes
-with the hot replica's weight below 0.5 (`reweight_s`), and until its queue is empty again; the
-same burst with the loop stopped (weights fixed at 1) gives the queue's drain time without it.
+publication the router picks up. The pinned burst is held for three routing intervals (each
+pinned client sends its next request as soon as the last one ends), so the replica stays hot for
+as long on a fast machine as on a slow one, and every tick phase sees it. Measured from the
+burst: the seconds until the router routes with the hot replica's weight below 0.5
+(`reweight_s`), and until its queue is empty again after the hold; the same burst with the loop
+stopped (weights fixed at 1) gives the queue's drain time without it.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ ENGINE_FLAGS = ("--max-model-len=512", "--num-kv-blocks=512", "--block-size=16",
                 "--max-num-seqs=4", "--max-concurrency=256", "--log-level=warning")  # fmt: skip
 LABELS = 'engine="0",model_name="bench"'
 HOT = 0.5
+HOLD_INTERVALS = 3  # the pinned burst lasts this many routing intervals
 
 
 @contextmanager
@@ -156,9 +160,12 @@ async def trial(session: aiohttp.ClientSession, router: str, hot: str, hot_url: 
     body = {"model": "bench", "prompt": [7] * 32, "max_tokens": p["burst_tokens"],
             "ignore_eos": True}  # fmt: skip
 
+    hold = HOLD_INTERVALS * INTERVAL_S
+
     async def pinned() -> None:
-        async with session.post(f"{hot_url}/v1/completions", json=body) as resp:
-            await resp.read()
+        while time.monotonic() - t0 < hold:
+            async with session.post(f"{hot_url}/v1/completions", json=body) as resp:
+                await resp.read()
 
     picks_before = await gauge(session, router, "kvscale_router:picks_total")
     t0 = time.monotonic()
@@ -176,10 +183,10 @@ async def trial(session: aiohttp.ClientSession, router: str, hot: str, hot_url: 
         waited_once = waited_once or waiting > 0
         if dropped is None and weight < HOT:
             dropped = now
-        if drained is None and waited_once and waiting == 0:
+        if drained is None and waited_once and waiting == 0 and now > hold:
             drained = now
-        if now > 120 or (drained is not None and now > drained + 2 * INTERVAL_S):
-            break  # a queue that drained before any tick saw it is not a hot replica
+        if now > hold + 120 or (drained is not None and now > drained + 2 * INTERVAL_S):
+            break  # without the loop the weight never drops
         await asyncio.sleep(0.05)
     await burst
     picks_after = await gauge(session, router, "kvscale_router:picks_total")
@@ -255,8 +262,10 @@ def run(quick: bool = False) -> dict[str, Any]:
         "routing_interval_s": INTERVAL_S,
         "hot_weight_threshold": HOT,
         **out,
-        "workload": p | {"engine": list(ENGINE_FLAGS), "model": "tiny llama, 1 torch thread"},
+        "workload": p | {"hold_s": HOLD_INTERVALS * INTERVAL_S, "engine": list(ENGINE_FLAGS),
+                         "model": "tiny llama, 1 torch thread"},
         "notes": "reweight_s is the worst trial: burst start -> the router routes with the hot "
-        "replica's weight below 0.5 (the loop's tick phase is random); queue drain depends on "
-        "the burst's size, so it is compared with the same burst without the loop",
+        "replica's weight below 0.5 (the loop's tick phase is random); the pinned burst is held "
+        "for hold_s, so queue_drain_s counts from the burst's start and includes the hold; it "
+        "is compared with the same burst without the loop",
     }  # fmt: skip
