@@ -13,6 +13,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS = ROOT / "manifests"
 SERVICEMONITOR_CRD = ROOT / "e2e" / "crds" / "servicemonitors.monitoring.coreos.com.yaml"
+PODMONITOR_CRD = ROOT / "e2e" / "crds" / "podmonitors.monitoring.coreos.com.yaml"
 
 Kubectl = Callable[..., object]
 

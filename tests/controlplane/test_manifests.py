@@ -17,15 +17,22 @@ from kopf.testing import KopfRunner
 from kubernetes.config import kube_config
 
 from kvscale import __version__
+from kvscale.children import ENDPOINT_LABEL, ROLE_LABEL, labels
 from kvscale.kube import Kube
 from kvscale_cluster.fixtures import kubectl
-from kvscale_cluster.install import SERVICEMONITOR_CRD
+from kvscale_cluster.install import PODMONITOR_CRD, SERVICEMONITOR_CRD
 
 NAMESPACE = "kvscale-system"
 BASE = ROOT / "manifests"
 WITH_SERVICEMONITOR = BASE / "overlays" / "prometheus-operator"
 NAMESPACED = BASE / "overlays" / "namespaced"
 SERVICEMONITOR_CRD_NAME = "crd/servicemonitors.monitoring.coreos.com"
+PODMONITOR_CRD_NAME = "crd/podmonitors.monitoring.coreos.com"
+MONITORS = {
+    ("ServiceMonitor", "kvscale-engines"),
+    ("ServiceMonitor", "kvscale-routers"),
+    ("PodMonitor", "kvscale-operator"),
+}
 CLUSTER_SCOPED = {"customresourcedefinitions", "namespaces"}
 
 
@@ -74,11 +81,11 @@ def test_manifests_render_every_part(cluster: Any) -> None:
     assert ("CustomResourceDefinition", "llmendpoints.kvscale.io") in kinds
     assert ("Deployment", "kvscale-operator") in kinds
     assert ("ClusterRole", "kvscale-operator") in kinds
-    assert not any(kind == "ServiceMonitor" for kind, _ in kinds)  # an optional component
+    assert not {kind for kind, _ in kinds} & {"ServiceMonitor", "PodMonitor"}  # optional
     with_monitor = {
         (d["kind"], d["metadata"]["name"]) for d in rendered(cluster, WITH_SERVICEMONITOR)
     }
-    assert with_monitor == kinds | {("ServiceMonitor", "kvscale-engines")}
+    assert with_monitor == kinds | MONITORS
     operator = one(rendered(cluster), "Deployment")
     container = operator["spec"]["template"]["spec"]["containers"][0]
     assert container["image"] == f"kvscale/operator:{__version__}"
@@ -92,7 +99,7 @@ def test_namespaced_overlay_holds_a_role_and_watches_one_namespace(
 ) -> None:
     docs = namespaced_install(cluster, "team-a", tmp_path)
     kinds = {d["kind"] for d in docs}
-    assert not kinds & {"Namespace", "ServiceMonitor"}
+    assert not kinds & {"Namespace", "ServiceMonitor", "PodMonitor"}
     assert {"Role", "RoleBinding", "ServiceAccount", "Deployment"} <= kinds
     cluster_scoped = {"CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding"}
     namespaced = [d for d in docs if d["kind"] not in cluster_scoped]
@@ -122,7 +129,8 @@ def test_role_holds_exactly_the_cluster_roles_namespaced_rules(cluster: Any) -> 
 def test_base_passes_a_server_side_dry_run_without_the_prometheus_operator(
     cluster: Any, crd: None
 ) -> None:
-    kubectl(cluster, "delete", SERVICEMONITOR_CRD_NAME, "--ignore-not-found", "--wait=true")
+    for name in (SERVICEMONITOR_CRD_NAME, PODMONITOR_CRD_NAME):
+        kubectl(cluster, "delete", name, "--ignore-not-found", "--wait=true")
     docs = rendered(cluster)
     namespace = [d for d in docs if d["kind"] == "Namespace"]
     kubectl(cluster, "apply", "--server-side", "-f", "-", stdin=yaml.safe_dump_all(namespace))
@@ -131,16 +139,46 @@ def test_base_passes_a_server_side_dry_run_without_the_prometheus_operator(
         assert kind in out.lower(), out
 
 
-def test_servicemonitor_component_passes_a_server_side_dry_run(cluster: Any, crd: None) -> None:
-    kubectl(cluster, "apply", "--server-side", "-f", str(SERVICEMONITOR_CRD))
-    kubectl(
-        cluster, "wait", "--for=condition=Established", "--timeout=30s", SERVICEMONITOR_CRD_NAME
-    )
+def test_monitors_scrape_engines_routers_and_the_operator_with_the_labels_rules_use(
+    cluster: Any,
+) -> None:
+    docs = rendered(cluster, WITH_SERVICEMONITOR)
+    monitors = {d["metadata"]["name"]: d["spec"] for d in docs if d["kind"].endswith("Monitor")}
+    children = {"kvscale-engines": "engine", "kvscale-routers": "router"}
+    for name, role in children.items():  # the labels the operator puts on its children
+        spec = monitors[name]
+        assert spec["selector"]["matchLabels"] == {
+            k: v for k, v in labels("x", role).items() if k in spec["selector"]["matchLabels"]
+        }
+        assert set(spec["podTargetLabels"]) == {ENDPOINT_LABEL, ROLE_LABEL}
+        assert spec["endpoints"][0]["port"] == "http"
+    operator = one(docs, "Deployment")["spec"]["template"]
+    ports = {p["name"]: p["containerPort"] for p in operator["spec"]["containers"][0]["ports"]}
+    pod = monitors["kvscale-operator"]
+    assert pod["selector"]["matchLabels"].items() <= operator["metadata"]["labels"].items()
+    endpoint = pod["podMetricsEndpoints"][0]
+    assert ports[endpoint["port"]] == int(operator["metadata"]["annotations"]["prometheus.io/port"])
+    assert endpoint["honorLabels"] is True  # the series' own namespace label wins
+
+
+def test_monitor_component_passes_a_server_side_dry_run(cluster: Any, crd: None) -> None:
+    for path, name in ((SERVICEMONITOR_CRD, SERVICEMONITOR_CRD_NAME),
+                       (PODMONITOR_CRD, PODMONITOR_CRD_NAME)):  # fmt: skip
+        kubectl(cluster, "apply", "--server-side", "-f", str(path))
+        kubectl(cluster, "wait", "--for=condition=Established", "--timeout=30s", name)
     docs = rendered(cluster, WITH_SERVICEMONITOR)
     namespace = [d for d in docs if d["kind"] == "Namespace"]
     kubectl(cluster, "apply", "--server-side", "-f", "-", stdin=yaml.safe_dump_all(namespace))
-    out = dry_run(cluster, docs)
-    assert "servicemonitor.monitoring.coreos.com/kvscale-engines" in out.lower(), out
+    out = dry_run(cluster, docs).lower()
+    for kind, name in MONITORS:
+        assert f"{kind.lower()}.monitoring.coreos.com/{name}" in out, out
+    misspelt = [d for d in docs if d["kind"] == "PodMonitor"]
+    misspelt[0]["spec"]["podMetricEndpoints"] = misspelt[0]["spec"].pop("podMetricsEndpoints")
+    refused = kubectl(
+        cluster, "apply", "--server-side", "--dry-run=server", "-f", "-",
+        stdin=yaml.safe_dump_all(misspelt), check=False,
+    )  # fmt: skip
+    assert refused.returncode != 0 and "podMetricEndpoints" in refused.stderr, refused
 
 
 def test_namespaced_overlay_passes_a_server_side_dry_run(
