@@ -13,11 +13,10 @@ import os
 from typing import Any
 
 import kopf
-from kubernetes import client, config
 
 from kvscale.api import v1alpha1 as api
 from kvscale.children import ENDPOINT_LABEL, MANAGED_BY
-from kvscale.kube import Kube
+from kvscale.kube import Kube, api_client
 from kvscale.operator_metrics import OperatorMetrics
 from kvscale.sources import Sources
 from kvscale.worker import Context, Workers
@@ -25,16 +24,6 @@ from kvscale.worker import Context, Workers
 MANAGED = f"app.kubernetes.io/managed-by={MANAGED_BY}"
 CHILD_LABELS = {"app.kubernetes.io/managed-by": MANAGED_BY}
 METRICS_PORT = "KVSCALE_METRICS_PORT"  # "off" turns the operator's /metrics off; 0: any port
-
-
-def api_client() -> client.ApiClient:
-    """In-cluster credentials when running as a pod, else the kubeconfig."""
-    try:
-        config.load_incluster_config()  # type: ignore[no-untyped-call]
-        return client.ApiClient()
-    except config.ConfigException:
-        found: client.ApiClient = config.new_client_from_config()  # type: ignore[no-untyped-call]
-        return found
 
 
 @kopf.on.startup()

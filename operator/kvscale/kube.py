@@ -13,13 +13,18 @@ from datetime import UTC, datetime
 from typing import Any
 
 import urllib3
-from kubernetes import client
+from kubernetes import client, config
 
 from kvscale.api import v1alpha1 as api
 
 JSON = dict[str, Any]
 FIELD_MANAGER = "kvscale"
 TIMEOUT_S = (5.0, 30.0)  # connect, read: no API call may hang a reconcile
+# A connection that failed is retried (nothing was sent); a read that timed out is not: the
+# worker's next tick asks again, so a silent API server holds a call for one read timeout, not
+# the four of urllib3's default (three retries of every idempotent request)
+RETRIES = urllib3.Retry(total=2, connect=2, read=0, redirect=0, status=0, other=0,
+                        backoff_factor=0.2)  # fmt: skip
 
 _COLLECTIONS = {
     ("v1", "Service"): "/api/v1/namespaces/{namespace}/services",
@@ -42,6 +47,18 @@ _COLLECTIONS = {
         f"/apis/{api.GROUP}/{api.VERSION}/namespaces/{{namespace}}/{api.PLURAL}"
     ),
 }
+
+
+def api_client(kubeconfig: str | None = None) -> client.ApiClient:
+    """In-cluster credentials when running as a pod, else the kubeconfig ($KUBECONFIG or
+    ~/.kube/config unless given); with `RETRIES`."""
+    configuration = client.Configuration()
+    try:
+        config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+    except config.ConfigException:
+        config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)  # type: ignore[no-untyped-call]
+    configuration.retries = RETRIES
+    return client.ApiClient(configuration)
 
 
 class KubeError(Exception):
