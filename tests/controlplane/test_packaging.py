@@ -1,4 +1,5 @@
-"""`pip install 'kvscale[operator]'` in a clean venv runs the operator, without torch or the tools.
+"""`pip install 'kvscale[operator]'` in a clean venv runs the operator, without torch or the tools;
+`pip install 'kvscale[router]'` runs the router, without torch.
 
 A real install from the source tree (dependencies from the package index; pip's cache is fine):
 what the operator image installs, and what a user who only wants the operator gets.
@@ -26,10 +27,9 @@ def run(*argv: str | Path, check: bool = True) -> subprocess.CompletedProcess[st
     return done
 
 
-@pytest.fixture(scope="module")
-def operator_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A fresh venv with `kvscale[operator]` installed from a copy of the source tree."""
-    work = tmp_path_factory.mktemp("packaging")
+def _venv_with(extra: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fresh venv with `kvscale[<extra>]` installed from a copy of the source tree."""
+    work = tmp_path_factory.mktemp(f"packaging-{extra}")
     src = work / "src"
     ignore = shutil.ignore_patterns("__pycache__", "*.egg-info", "build", ".mypy_cache")
     for name in SOURCES:
@@ -46,9 +46,31 @@ def operator_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "install",
         "--quiet",
         "--disable-pip-version-check",
-        f"{src}[operator]",
+        f"{src}[{extra}]",
     )
     return venv
+
+
+@pytest.fixture(scope="module")
+def operator_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _venv_with("operator", tmp_path_factory)
+
+
+@pytest.mark.slow
+def test_the_router_extra_runs_the_router_without_torch(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    venv = _venv_with("router", tmp_path_factory)
+    listed = run(venv / "bin" / "pip", "list", "--format=json").stdout
+    installed = {p["name"].lower() for p in json.loads(listed)}
+    assert {"kubernetes_asyncio", "aiohttp", "starlette"} <= installed | {
+        n.replace("-", "_") for n in installed
+    }
+    assert not installed & NOT_FOR_THE_OPERATOR, installed & NOT_FOR_THE_OPERATOR
+    assert "--replicas" in run(venv / "bin" / "kvscale-router", "--help").stdout
+    # every module, the Kubernetes watch included (what the router pods run)
+    modules = sorted(p.stem for p in (ROOT / "engine-image" / "kvscale_router").glob("*.py"))
+    run(venv / "bin" / "python", "-c", "; ".join(f"import kvscale_router.{m}" for m in modules))
 
 
 @pytest.mark.slow
