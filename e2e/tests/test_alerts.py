@@ -13,7 +13,6 @@ answers again the alert resolves. The whole test takes about four minutes, most 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,21 +21,11 @@ import pytest
 
 from kvscale_cluster import process
 from kvscale_cluster.fixtures import Cluster, kubectl, wait_for
-from kvscale_cluster.install import install_kvscale, uninstall_kvscale
 from kvscale_cluster.ports import free_port
 from kvscale_cluster.prometheus import alerts, prometheus_binary
 
 ALERT = "KvscaleMetricsStale"
 FOR_S = 120  # the rule's `for`
-
-
-@pytest.fixture(scope="module")
-def installed(cluster: Cluster) -> Iterator[None]:
-    install_kvscale(lambda *args: kubectl(cluster, *args))
-    try:
-        yield
-    finally:
-        uninstall_kvscale(lambda *args: kubectl(cluster, *args))
 
 
 def _endpoint(prometheus_url: str) -> dict[str, Any]:

@@ -17,17 +17,15 @@ import math
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import openai
-import pytest
 import yaml
 from dashboard_queries import DASHBOARD, dashboard_queries, load, substitute
 
 from kvscale_cluster.fixtures import Cluster, kubectl, wait_for
-from kvscale_cluster.install import ROOT, install_kvscale, uninstall_kvscale
+from kvscale_cluster.install import ROOT
 
 SAMPLE = ROOT / "manifests" / "samples" / "tiny-dummy.yaml"
 RENDER = DASHBOARD.parent / "render.py"
@@ -71,15 +69,6 @@ def test_every_query_is_valid_promql(tmp_path: Path) -> None:
 
 
 # -- on the cluster
-@pytest.fixture(scope="module")
-def installed(cluster: Cluster) -> Iterator[None]:
-    install_kvscale(lambda *args: kubectl(cluster, *args))
-    try:
-        yield
-    finally:
-        uninstall_kvscale(lambda *args: kubectl(cluster, *args))
-
-
 def _result(cluster: Cluster, expr: str) -> list[float]:
     """The values of an instant query now (raises while Prometheus answers with an error)."""
     response = httpx.get(

@@ -8,7 +8,6 @@ and Prometheus has its vLLM-compatible metrics.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,19 +17,9 @@ import pytest
 import yaml
 
 from kvscale_cluster.fixtures import Cluster, kubectl, wait_for
-from kvscale_cluster.install import ROOT, install_kvscale, uninstall_kvscale
+from kvscale_cluster.install import ROOT
 
 SAMPLES = sorted((ROOT / "manifests" / "samples").glob("*.yaml"))
-
-
-@pytest.fixture(scope="module")
-def installed(cluster: Cluster) -> Iterator[None]:
-    """kvscale from `kubectl apply -k manifests/`, removed again after the module."""
-    install_kvscale(lambda *args: kubectl(cluster, *args))
-    try:
-        yield
-    finally:
-        uninstall_kvscale(lambda *args: kubectl(cluster, *args))
 
 
 def _engine_pods(cluster: Cluster, namespace: str, endpoint: str) -> list[dict[str, Any]]:

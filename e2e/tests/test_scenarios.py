@@ -16,7 +16,6 @@ Service with the official `openai` client, and every wait is on a condition.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -41,21 +40,11 @@ from test_autoscale import API, INTERVAL, MODEL, apply, endpoint, events, servin
 
 from kvscale.kube import Kube
 from kvscale_cluster.fixtures import Cluster, kubectl, wait_for
-from kvscale_cluster.install import install_kvscale, uninstall_kvscale
+from kvscale_cluster.install import uninstall_kvscale
 
 ENGINES = "kvscale.io/endpoint=chat,kvscale.io/role=engine"
 WEIGHT = "kvscale_router:replica_weight"  # what each router routes a replica with
 FAIL_FAST_S = 30.0  # a request on a dead replica ends long before the client's 120 s timeout
-
-
-@pytest.fixture(scope="module")
-def installed(cluster: Cluster) -> Iterator[None]:
-    """kvscale from `kubectl apply -k manifests/`, removed again after the module."""
-    install_kvscale(lambda *args: kubectl(cluster, *args))
-    try:
-        yield
-    finally:
-        uninstall_kvscale(lambda *args: kubectl(cluster, *args))
 
 
 @pytest.fixture
