@@ -21,6 +21,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import contextmanager
@@ -51,24 +52,30 @@ def _ready(url: str) -> bool:
 
 @contextmanager
 def child(cmd: list[str], url: str, what: str) -> Iterator[int]:
-    """A child process serving `url`; yields its pid once /ready answers 200."""
+    """A child process serving `url`; yields its pid once /ready answers 200.
+
+    Its stderr goes to a file (a pipe nobody reads would block a chatty child) that is shown
+    when it fails to start.
+    """
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
-    try:
-        deadline = time.monotonic() + 120
-        while not _ready(url):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                err = proc.stderr.read().decode()[-3000:] if proc.stderr else ""
-                raise RuntimeError(f"{what} did not start:\n{err}")
-            time.sleep(0.1)
-        yield proc.pid
-    finally:
-        proc.terminate()
+    with tempfile.TemporaryFile() as log:
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log, env=env)
         try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+            deadline = time.monotonic() + 120
+            while not _ready(url):
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    log.seek(0)
+                    err = log.read().decode(errors="replace")[-3000:]
+                    raise RuntimeError(f"{what} did not start:\n{err}")
+                time.sleep(0.1)
+            yield proc.pid
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
 
 
 @contextmanager

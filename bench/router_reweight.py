@@ -19,8 +19,6 @@ import json
 import os
 import random
 import signal
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -30,7 +28,7 @@ from typing import Any
 
 import aiohttp
 
-from bench.router_overhead import free_port, pct
+from bench.router_overhead import pct, router_process
 from bench.router_prefix import engines
 from kvscale.api.v1alpha1 import ScalingSpec
 from kvscale.controllers.routing import RoutingState, decide
@@ -49,33 +47,11 @@ HOLD_INTERVALS = 3  # the pinned burst lasts this many routing intervals
 
 
 @contextmanager
-def router_process(replicas: dict[str, str], weights: Path) -> Iterator[tuple[str, int]]:
+def weighted_router(replicas: dict[str, str], weights: Path) -> Iterator[tuple[str, int]]:
     """The router on a free port, with a weights file it re-reads on SIGHUP: (url, pid)."""
-    port = free_port()
     weights.write_text(json.dumps({"weights": dict.fromkeys(replicas, 1.0)}))
-    spec = ",".join(f"{n}={u}" for n, u in replicas.items())
-    cmd = [sys.executable, "-m", "kvscale_router.cli", "--host", "127.0.0.1", "--port",
-           str(port), "--replicas", spec, "--weights-file", str(weights),
-           "--log-level", "warning"]  # fmt: skip
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                import httpx
-
-                if httpx.get(f"{url}/ready", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline or proc.poll() is not None:
-                raise RuntimeError("the router did not start")
-            time.sleep(0.1)
-        yield url, proc.pid
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+    with router_process(replicas, "--weights-file", str(weights)) as (url, pid):
+        yield url, pid
 
 
 async def gauge(session: aiohttp.ClientSession, url: str, name: str) -> dict[str, float]:
@@ -200,7 +176,7 @@ async def trial(session: aiohttp.ClientSession, router: str, hot: str, hot_url: 
 async def experiment(replicas: dict[str, str], p: dict[str, Any], tmp: Path) -> dict[str, Any]:
     weights = tmp / "weights.json"
     names = list(replicas)
-    with router_process(replicas, weights) as (router, pid):
+    with weighted_router(replicas, weights) as (router, pid):
         loop = Loop(replicas, weights, pid)
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
             stop, outcomes = asyncio.Event(), list[Outcome]()
