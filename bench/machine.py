@@ -9,6 +9,12 @@ from pathlib import Path
 from typing import Any
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time a process (all its threads) has used so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def describe() -> dict[str, Any]:
     import torch
 

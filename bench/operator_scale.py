@@ -35,6 +35,7 @@ from typing import Any
 import aiohttp
 import httpx
 
+from bench.machine import cpu_seconds
 from bench.operator_decide import measure as measure_decide
 from kvscale.signals.contract import sample_names
 from kvscale.signals.direct import DirectScrape
@@ -45,7 +46,6 @@ from kvscale.signals.source import PodAddress, Target
 FIXTURE = Path(__file__).parents[1] / "tests" / "data" / "metrics" / "kvscale_engine.txt"
 COUNTER_LINE = 'vllm:prompt_tokens_total{engine="0",model_name="tiny-llama"} '
 TARGET_S = 2.0
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 # --- the replicas: one process, many ports ------------------------------------------------
@@ -95,11 +95,6 @@ async def _serve(count: int) -> None:
     await loop.run_in_executor(None, sys.stdin.read)  # until the parent closes our stdin
 
 
-def _cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime + stime
-
-
 # --- the scraper ----------------------------------------------------------------------------
 
 
@@ -111,13 +106,13 @@ async def _ticks(
     out = []
     async with DirectScrape(timeout_s=10, max_concurrency=concurrency) as source:
         for _ in range(ticks):
-            wall, cpu, server = time.perf_counter(), time.process_time(), _cpu_s(server_pid)
+            wall, cpu, server = time.perf_counter(), time.process_time(), cpu_seconds(server_pid)
             snap = await source.snapshot(target, time.time())
             out.append(
                 {
                     "wall_s": time.perf_counter() - wall,
                     "scraper_cpu_s": time.process_time() - cpu,
-                    "server_cpu_s": _cpu_s(server_pid) - server,
+                    "server_cpu_s": cpu_seconds(server_pid) - server,
                     "replicas_read": len(snap.replicas),
                     "problem": snap.problem,
                     "tokens_per_s": snap.tokens_per_s,

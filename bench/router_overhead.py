@@ -25,11 +25,12 @@ import tempfile
 import time
 from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 import aiohttp
 import httpx
+
+from bench.machine import cpu_seconds
 
 FULL: dict[str, Any] = {"rate": 200.0, "requests": 1000, "rounds": 6, "chunks": 8}
 QUICK: dict[str, Any] = {"rate": 50.0, "requests": 100, "rounds": 1, "chunks": 4}
@@ -94,12 +95,6 @@ def router_process(replicas: Mapping[str, str], *args: str) -> Iterator[tuple[st
 def router_server(replicas: Mapping[str, str], *args: str) -> Iterator[str]:
     with router_process(replicas, *args) as (url, _):
         yield url
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time a process has used so far (Linux /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 @contextmanager

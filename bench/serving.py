@@ -15,6 +15,8 @@ from pathlib import Path
 
 import httpx
 
+from bench.machine import cpu_seconds
+
 
 def _free_port() -> int:
     with socket.socket() as sock:
@@ -30,8 +32,7 @@ class EngineProcess:
 
     def cpu_seconds(self) -> float:
         """CPU time the server process has used so far (all its threads, user + system)."""
-        fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return cpu_seconds(self.pid)
 
 
 @contextmanager
