@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -24,17 +23,11 @@ from typing import Any
 
 import httpx
 
+from kvscale_cluster.ports import free_port
 from kvscale_engine.checkpoint import write_tiny_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "results" / "engine_image_smoke.json"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def docker(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
