@@ -73,6 +73,7 @@ def smoke(image: str, work: Path) -> dict[str, Any]:
     inspect = json.loads(docker("image", "inspect", image).stdout)[0]
     out |= {
         "image_id": inspect["Id"],
+        "image_created": inspect["Created"],
         "size_bytes": inspect["Size"],
         "user": inspect["Config"]["User"],
         "entrypoint": inspect["Config"]["Entrypoint"],
@@ -144,7 +145,7 @@ def main() -> int:
                             text=True, cwd=ROOT, check=False).stdout.strip()  # fmt: skip
     result = {
         "date": datetime.now(UTC).strftime("%Y-%m-%dT%H:%MZ"),
-        "commit": commit,
+        "checkout_commit": commit,  # the smoke script's; the image is from `image_created`
         "built_with": "engine-image/build-image.sh (VARIANT=cpu)",
         **result,
     }
