@@ -30,6 +30,9 @@ from kvscale_engine.admission import AdmissionConfigError, parse_traffic_classes
 from kvscale_engine.config import ConfigError, EngineConfig
 
 log = logging.getLogger("kvscale_engine")
+# uvicorn's default closes an idle connection after 5 s, while a client may reuse it for longer
+# (the router's pool: 15 s; httpx: 5 s, a close and a request can cross): servers outlast clients
+KEEP_ALIVE_S = 620.0
 
 # flag -> EngineConfig field; unset flags keep EngineConfig's defaults
 _ENGINE_FLAGS: dict[str, tuple[str, type]] = {
@@ -84,6 +87,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="port of POST /drain, GET /drain, POST /undrain (0: no admin port)",
     )  # fmt: skip
     serve.add_argument("--max-body-bytes", type=int, default=4 * 1024 * 1024)
+    serve.add_argument(
+        "--keep-alive-timeout", type=float, default=KEEP_ALIVE_S,
+        help="seconds an idle client connection is kept: longer than the clients' own idle "
+        "timeout (the router's pool keeps 15 s), so a reused connection is never closed under "
+        "a request",
+    )  # fmt: skip
     serve.add_argument("--log-level", default="info")
     tiny = sub.add_parser("tiny-checkpoint", help="write the tiny seeded test checkpoint")
     tiny.add_argument("path", type=Path)
@@ -133,6 +142,7 @@ def build_server(args: argparse.Namespace) -> DrainingServer:
         log_level=args.log_level,
         access_log=False,
         timeout_graceful_shutdown=max(1, int(args.drain_timeout) + 5),
+        timeout_keep_alive=int(args.keep_alive_timeout),
     )
     return DrainingServer(config, app.state, server_cfg)
 
