@@ -19,7 +19,7 @@ INT64 = "int64"
 
 
 def capture_sizes(max_num_seqs: int, cap: int = MAX_CAPTURE_SIZE) -> tuple[int, ...]:
-    """1, 2, 4, 8, then every multiple of 8, up to min(max_num_seqs, cap); that limit is the last."""
+    """1, 2, 4, 8, then multiples of 8 up to min(max_num_seqs, cap); that limit is the last."""
     limit = min(max_num_seqs, cap)
     sizes = [s for s in (1, 2, 4, *range(8, limit + 1, 8)) if s <= limit]
     if sizes[-1] != limit:
