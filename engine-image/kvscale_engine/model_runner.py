@@ -7,6 +7,7 @@ layer.
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import torch
@@ -14,7 +15,7 @@ import torch
 from kvscale_engine.config import EngineConfig
 from kvscale_engine.device_memory import measure_peak, total_bytes
 from kvscale_engine.layers.attention import BlockMaskFn, SeqSpan, build_metadata
-from kvscale_engine.layers.sampler import SampleRequest, sample
+from kvscale_engine.layers.sampler import SampleRequest, sample, to_device
 from kvscale_engine.loader import load_model
 from kvscale_engine.memory_budget import (
     MemoryBudget,
@@ -62,9 +63,10 @@ class ModelRunner:
             self.block_mask_fn,
         )
         hidden = self.model(input_ids, positions, self.kv_caches, meta)
-        ends = torch.tensor([i.num_new_tokens for i in items]).cumsum(0) - 1
+        ends = list(itertools.accumulate(i.num_new_tokens for i in items))
         sampling = [n for n, i in enumerate(items) if i.samples]
-        logits = self.model.compute_logits(hidden[ends[sampling].to(self.device)]).float()
+        last = to_device([ends[n] - 1 for n in sampling], torch.long, self.device)
+        logits = self.model.compute_logits(hidden.index_select(0, last)).float()
         requests = [
             SampleRequest(items[n].seq.params, items[n].seq.num_output_tokens) for n in sampling
         ]
