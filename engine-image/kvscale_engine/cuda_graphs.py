@@ -107,6 +107,7 @@ class DecodeRows:
     """One decode step's inputs, padded to its bucket: what the runner copies into the buffers."""
 
     bucket: int
+    num_seqs: int  # the real rows, first; the rest is padding
     token_ids: list[int]
     positions: list[int]
     slot_mapping: list[int]
@@ -134,6 +135,7 @@ def pad_decode(
     pad = bucket - len(token_ids)
     return DecodeRows(
         bucket,
+        len(token_ids),
         [*token_ids, *[0] * pad],
         [*positions, *[0] * pad],
         [*slots, *[plan.scratch_slot] * pad],

@@ -10,9 +10,11 @@ from __future__ import annotations
 import functools
 import os
 import random
+from collections.abc import Callable
 
 import pytest
 import torch
+from engine_helpers import GREEDY, HFReference, assert_matches_hf, random_prompts, run_to_completion
 
 DEVICE = torch.device(os.environ.get("KVSCALE_TEST_DEVICE", "cpu"))
 if DEVICE.type == "cpu":
@@ -20,6 +22,7 @@ if DEVICE.type == "cpu":
 
 from kvscale_engine.layers import paged_decode as kernel  # noqa: E402
 from kvscale_engine.layers.attention import PagedAttention, SeqSpan, build_metadata  # noqa: E402
+from kvscale_engine.llm_engine import LLMEngine  # noqa: E402
 
 HEAD_DIM = 32
 KV_HEADS = 2
@@ -87,3 +90,13 @@ def _compare(
     assert torch.equal(k_cache, ref_cache[0]) and torch.equal(v_cache, ref_cache[1])
     tol = TOLERANCE[dtype]
     torch.testing.assert_close(got.float(), expected.float(), atol=tol, rtol=tol)
+
+
+def test_engine_with_the_kernel_matches_hf(
+    make_engine: Callable[..., LLMEngine], hf_llama: HFReference
+) -> None:
+    prompts = random_prompts(6, (1, 40), seed=5)
+    engine = make_engine(decode_attention="triton", block_size=16)
+    assert engine.model_runner.paged_decode
+    finals = run_to_completion(engine, prompts)
+    assert_matches_hf(hf_llama, prompts, finals, GREEDY.max_tokens)

@@ -63,7 +63,7 @@ def test_scratch_slot_is_past_every_pool_block() -> None:
 def test_padding_rows_write_to_the_scratch_slot_only() -> None:
     p = plan()
     rows = pad_decode(p, [11, 12, 13], [0, 16, 40], [[3], [5, 2], [7, 1, 9]])
-    assert rows.bucket == 4
+    assert (rows.bucket, rows.num_seqs) == (4, 3)
     assert rows.token_ids == [11, 12, 13, 0]
     assert rows.positions == [0, 16, 40, 0]
     assert rows.slot_mapping == [3 * 16, 2 * 16, 9 * 16 + 8, p.scratch_slot]
