@@ -46,6 +46,7 @@ _ENGINE_FLAGS: dict[str, tuple[str, type]] = {
     "device": ("--device", str),
     "dtype": ("--dtype", str),
     "seed": ("--seed", int),
+    "decode_attention": ("--decode-attention", str),
 }
 
 
@@ -63,6 +64,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None
     )
+    serve.add_argument(
+        "--enforce-eager", action="store_true", default=None,
+        help="run every step eagerly (no CUDA graphs for decode steps)",
+    )  # fmt: skip
     serve.add_argument(
         "--traffic-classes",
         help='JSON list: [{"name": "interactive", "priority": 10, "maxQueueWaitSeconds": 2,'
@@ -107,6 +112,8 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
     }
     if args.enable_prefix_caching is not None:
         fields["enable_prefix_caching"] = args.enable_prefix_caching
+    if args.enforce_eager:
+        fields["enforce_eager"] = True
     return EngineConfig(model=args.model, **fields)
 
 

@@ -7,7 +7,7 @@ import sys
 
 BOOKKEEPING = [
     "config", "sampling_params", "sequence", "outputs", "prefix_hash", "block_manager",
-    "scheduler", "detokenizer", "memory_budget", "model_config", "tokenizer",
+    "scheduler", "detokenizer", "memory_budget", "model_config", "tokenizer", "cuda_graphs",
 ]  # fmt: skip
 
 
