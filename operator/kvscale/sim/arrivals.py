@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from kvscale.tools.traces import TraceError, TraceRequest, load_azure, load_mooncake, load_trace
+from kvscale.traces import TraceError, TraceRequest, load_azure, load_mooncake, load_trace
 
 CHUNK_S = 600.0
 COPY_SPREAD_S = 60.0

@@ -40,7 +40,15 @@ from kvscale.tools.report import (
     server_view,
     summarize,
 )
-from kvscale.tools.traces import (
+from kvscale.tools.workload import (
+    MOONCAKE_TICK_S,
+    PlannedRequest,
+    gamma_arrivals,
+    parse_class_mix,
+    plan,
+    replay_arrivals,
+)
+from kvscale.traces import (
     DATASETS,
     SYNTHETIC,
     LengthPolicy,
@@ -49,14 +57,6 @@ from kvscale.tools.traces import (
     load_trace,
     select,
     synthetic,
-)
-from kvscale.tools.workload import (
-    MOONCAKE_TICK_S,
-    PlannedRequest,
-    gamma_arrivals,
-    parse_class_mix,
-    plan,
-    replay_arrivals,
 )
 
 

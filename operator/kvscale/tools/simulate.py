@@ -19,7 +19,7 @@ from kvscale.api.v1alpha1 import LLMEndpointSpec
 from kvscale.sim.compare import POLICIES, Scenario, compare
 from kvscale.sim.profile import ProfileError, load_profile, shipped
 from kvscale.sim.run import Settings
-from kvscale.tools.traces import TraceError, default_traces_dir
+from kvscale.traces import TraceError, default_traces_dir
 
 DEFAULT_PROFILE = "h200-kvscale-eager"
 
