@@ -29,6 +29,7 @@ from typing import Any
 import httpx
 from tqdm import tqdm
 
+from kvscale.tools import tool_parser
 from kvscale.tools.client import RequestRecord, Target, send
 from kvscale.tools.promtext import parse_prometheus_text
 from kvscale.tools.report import (
@@ -152,12 +153,8 @@ async def run(cfg: LoadTestConfig) -> LoadTestResult:
 
 def add_loadtest_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register `loadtest` on the `kvscale` CLI's subparsers; it runs run_loadtest(args)."""
-    p: argparse.ArgumentParser = subparsers.add_parser(
-        "loadtest",
-        help="load-test an OpenAI-compatible endpoint and write a report and plots",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    summary = "load-test an OpenAI-compatible endpoint and write a report and plots"
+    p = tool_parser(subparsers, "loadtest", summary, __doc__)
     t = p.add_argument_group("target")
     t.add_argument("--base-url", default="http://127.0.0.1:8000", help="server root, no /v1")
     t.add_argument("--endpoint", default="/v1/completions",
