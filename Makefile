@@ -8,6 +8,9 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PYTEST := $(BIN)/pytest
 K8S_BIN = $(shell e2e/k8sbin/build.sh)
+# the local cluster (kvscale_cluster) and the demo (kvscale_demo) are not installed: they, and the
+# benchmarks that start a cluster, run from the source tree
+E2E_PATH := PYTHONPATH=$(CURDIR)/e2e
 
 .PHONY: profile prereqs venv system-deps k8s lint typecheck imports crds test test-unit test-engine \
 	test-controlplane test-e2e test-fresh demo bench cluster-up cluster-down image clean
@@ -39,7 +42,7 @@ lint: venv
 	$(BIN)/ruff format --check operator engine-image e2e tests bench
 
 typecheck: venv
-	$(BIN)/mypy operator/kvscale engine-image/kvscale_engine engine-image/kvscale_router e2e/kvscale_cluster
+	$(BIN)/mypy operator/kvscale engine-image/kvscale_engine engine-image/kvscale_router e2e/kvscale_cluster e2e/kvscale_demo
 
 imports: venv
 	$(BIN)/lint-imports
@@ -69,16 +72,16 @@ test-fresh:
 	e2e/fresh-machine.sh
 
 demo: prereqs venv system-deps k8s
-	KVSCALE_K8S_BIN=$(K8S_BIN) $(BIN)/python -m kvscale_cluster.demo
+	KVSCALE_K8S_BIN=$(K8S_BIN) $(E2E_PATH) $(BIN)/python -m kvscale_demo
 
 cluster-up: prereqs venv system-deps k8s
-	KVSCALE_K8S_BIN=$(K8S_BIN) $(BIN)/python -m kvscale_cluster up
+	KVSCALE_K8S_BIN=$(K8S_BIN) $(E2E_PATH) $(BIN)/python -m kvscale_cluster up
 
 cluster-down: venv
-	$(BIN)/python -m kvscale_cluster down
+	$(E2E_PATH) $(BIN)/python -m kvscale_cluster down
 
 bench: venv
-	$(BIN)/python -m bench
+	$(E2E_PATH) $(BIN)/python -m bench
 
 # sweep the real engine on this machine into operator/kvscale/profiles/<name>.json
 profile: venv

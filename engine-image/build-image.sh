@@ -42,7 +42,7 @@ stage_context() {
     # Only the files git knows about (tracked or not ignored): never .venv or build outputs.
     local ctx="$WORK/context"
     rm -rf "$ctx" && mkdir -p "$ctx"
-    git ls-files -co --exclude-standard -- pyproject.toml README.md operator engine-image e2e \
+    git ls-files -co --exclude-standard -- pyproject.toml README.md operator engine-image \
         | tar -c -T - | tar -x -C "$ctx"
     cp "$CA_BUNDLE" "$ctx/ca-bundle.crt"
     echo "$ctx"
