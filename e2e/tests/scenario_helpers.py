@@ -16,10 +16,10 @@ from load import Load
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvscale.kube import Kube
+from kvscale.router_children import ROUTER_PORT
 
 OPERATOR_NAMESPACE = "kvscale-system"
 OPERATOR_SELECTOR = "app.kubernetes.io/name=kvscale-operator"
-ROUTER_PORT = 8080
 ENGINE_PORT = 8000
 # what an endpoint's children are, listed by its label: (apiVersion, collection path)
 CHILD_KINDS = {

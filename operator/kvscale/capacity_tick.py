@@ -28,6 +28,7 @@ from kvscale.controllers.capacity import CapacityState, Decision, decide
 from kvscale.engine_args import DRAIN_SECONDS, ENGINE_PORT
 from kvscale.kube import KubeError
 from kvscale.reconcile import Event, Outcome
+from kvscale.router_children import ROUTER_PORT
 from kvscale.routing_tick import RoutingLoop
 from kvscale.signals.snapshot import Snapshot
 from kvscale.signals.source import SignalSource, Target
@@ -37,7 +38,6 @@ if TYPE_CHECKING:
 
 JSON = dict[str, Any]
 log = logging.getLogger("kvscale.capacity")
-ROUTER_PORT = 8080
 DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
 MIN_FAST_WINDOW_S = 10.0
 

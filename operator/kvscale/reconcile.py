@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
 from pydantic import ValidationError
@@ -18,6 +17,7 @@ from kvscale.api import v1alpha1 as api
 from kvscale.conditions import Cond
 from kvscale.kube import Kube
 from kvscale.router_children import render_router
+from kvscale.timestamps import now
 
 JSON = dict[str, Any]
 
@@ -41,10 +41,6 @@ class Outcome:
     spec: api.LLMEndpointSpec | None = None
     deployment: JSON | None = None
     pods: list[JSON] = field(default_factory=list)
-
-
-def now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def validation_message(err: ValidationError) -> str:

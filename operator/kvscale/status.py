@@ -6,6 +6,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvscale import fleet
 from kvscale.conditions import Cond, merge
 
 JSON = dict[str, Any]
@@ -69,9 +70,8 @@ def _pod_problems(pods: Iterable[JSON]) -> tuple[list[str], list[Problem]]:
     failing: list[Problem] = []
     for pod in pods:
         name = pod["metadata"]["name"]
-        for cond in pod.get("status", {}).get("conditions", []):
-            if cond.get("type") == "PodScheduled" and cond.get("reason") == "Unschedulable":
-                unschedulable.append(f"{name}: {cond.get('message', '')}")
+        if fleet.unschedulable(pod):
+            unschedulable.append(f"{name}: {fleet.scheduling_message(pod)}")
         for cs in pod.get("status", {}).get("containerStatuses", []):
             waiting = cs.get("state", {}).get("waiting", {})
             why = waiting.get("reason", "")

@@ -14,12 +14,9 @@ from kvscale import children
 from kvscale.api import rules
 from kvscale.api.v1alpha1 import LLMEndpointSpec
 from kvscale.engine_args import engine_args
+from kvscale_cluster.specs import MODEL, llm_spec
 
-MODEL = {"name": "tiny", "source": {"dummy": {}}}
-
-
-def spec(**sections: Any) -> LLMEndpointSpec:
-    return LLMEndpointSpec.model_validate({"model": MODEL, **sections})
+spec = llm_spec
 
 
 REFUSED: list[tuple[str, dict[str, Any], str]] = [

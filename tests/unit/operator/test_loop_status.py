@@ -6,24 +6,23 @@ import json
 
 from prometheus_client import generate_latest
 
-from kvscale import fleet, loop_status
+from kvscale import fleet, loop_status, status, timestamps
 from kvscale.api.v1alpha1 import LLMEndpointSpec
 from kvscale.controllers.capacity import CapacityState, Decision
 from kvscale.operator_metrics import OperatorMetrics
 from kvscale.routing_tick import warming
 from kvscale.signals.snapshot import Fleet, Latency, Problem, ReplicaSignals, Snapshot
+from kvscale_cluster.specs import llm_spec
 
 
 def spec(**over: object) -> LLMEndpointSpec:
-    body: dict[str, object] = {
-        "model": {"name": "m", "source": {"dummy": {}}},
+    sections: dict[str, object] = {
         "slo": {"ttftP99Seconds": 1, "itlP99Seconds": 0.1},
         "scaling": {"capacityIntervalSeconds": 60},
         "resources": {"gpusPerReplica": 2},
         "cost": {"gpuHourPrice": 3.0},
     }
-    body.update(over)
-    return LLMEndpointSpec.model_validate(body)
+    return llm_spec(**{**sections, **over})
 
 
 def snap(ttft: float | None, tokens: float = 100.0, ready: int = 2, current: int = 3) -> Snapshot:
@@ -67,7 +66,7 @@ def test_cost_accumulates_gpu_hours_waste_and_unit_costs() -> None:
     s = spec()
     first = loop_status.cost({}, snap(0.5), s, now=1000.0)
     assert first["gpuHours"] == 0 and first["currency"] == "USD"
-    old = {"cost": first, "capacity": {"updatedAt": loop_status.stamp(1000.0)}}
+    old = {"cost": first, "capacity": {"updatedAt": timestamps.stamp(1000.0)}}
     second = loop_status.cost(old, snap(0.5, ready=2, current=3), s, now=1060.0)
     # 3 replicas x 2 GPUs for a minute; one replica was not ready: wasted
     assert second["gpuHours"] == round(3 * 2 / 60, 6)
@@ -136,7 +135,7 @@ def test_fleet_counts_and_startup_time() -> None:
 
 
 def test_young_replicas_warm_up_only_while_an_older_one_serves() -> None:
-    start = loop_status.parse_stamp("2026-01-01T00:01:00Z")
+    start = timestamps.parse("2026-01-01T00:01:00Z")
     assert start is not None
     old, young = pod("a", True, "2026-01-01T00:00:00Z"), pod("b", True, "2026-01-01T00:01:00Z")
     assert warming([old, young], start + 5) == {"b"}
@@ -156,3 +155,25 @@ def test_operator_metrics_render_and_forget() -> None:
     assert 'kvscale_operator:gpu_hours_total{endpoint="ep",namespace="ns"} 0.5' in text
     metrics.forget(("ns", "ep"))
     assert "kvscale_operator:desired_replicas{" not in generate_latest(metrics.registry).decode()
+
+
+def test_timestamps_are_rfc3339_in_whole_seconds_and_parse_back() -> None:
+    assert timestamps.stamp(1e9) == "2001-09-09T01:46:40Z"
+    assert timestamps.parse("2001-09-09T01:46:40Z") == 1e9
+    assert timestamps.parse("2001-09-09T01:46:40.500000Z") == 1e9 + 0.5  # the API's MicroTime
+    assert timestamps.parse("") is None and timestamps.parse("yesterday") is None
+
+
+def test_a_pod_is_unschedulable_only_while_its_scheduled_condition_is_false() -> None:
+    """The status decides, not the reason alone: a scheduled pod may keep the old reason."""
+
+    def scheduled(status: str, reason: str) -> dict[str, object]:
+        cond = {"type": "PodScheduled", "status": status, "reason": reason, "message": "no gpu"}
+        return {"metadata": {"name": "p"}, "status": {"conditions": [cond]}}
+
+    assert fleet.unschedulable(scheduled("False", "Unschedulable"))
+    assert not fleet.unschedulable(scheduled("True", "Unschedulable"))
+    assert not fleet.unschedulable(scheduled("False", "SchedulingGated"))
+    assert fleet.scheduling_message(scheduled("False", "Unschedulable")) == "no gpu"
+    placed = scheduled("True", "Unschedulable")
+    assert status.Observed.read({"metadata": {}, "status": {}}, [placed]).unschedulable == []

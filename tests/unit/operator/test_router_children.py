@@ -7,13 +7,13 @@ from typing import Any
 from kvscale import children, router_children
 from kvscale.api.v1alpha1 import LLMEndpointSpec
 from kvscale_cluster import images
+from kvscale_cluster.specs import HOST_PATH_MODEL, llm_spec
 
 OWNER = children.Owner("chat", "team-a", "uid-1")
 
 
 def spec(**extra: Any) -> LLMEndpointSpec:
-    body = {"model": {"name": "llama-8b", "source": {"hostPath": {"path": "/models/llama"}}}}
-    return LLMEndpointSpec.model_validate({**body, **extra})
+    return llm_spec(model=HOST_PATH_MODEL, **extra)
 
 
 def by_kind(objs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
