@@ -32,6 +32,24 @@ def controller_state(old: JSON) -> CapacityState:
         return CapacityState()
 
 
+def report(
+    old: JSON,
+    decision: Decision,
+    snap: Snapshot,
+    spec: api.LLMEndpointSpec,
+    now: float,
+    victim: str | None,
+    was: int,
+) -> JSON:
+    """The four sections a capacity tick writes, from the status it read (`old`)."""
+    return {
+        "capacity": capacity(decision, snap, now, victim),
+        "slo": slo(old, snap, spec),
+        "cost": cost(old, snap, spec, now),
+        "decisions": decisions(old, decision, snap, now, was),
+    }
+
+
 def metrics_condition(snap: Snapshot) -> Cond:
     if snap.problem is None:
         n = len(snap.replicas)

@@ -10,7 +10,7 @@ from kvscale import fleet, loop_status, status, timestamps
 from kvscale.api.v1alpha1 import LLMEndpointSpec
 from kvscale.controllers.capacity import CapacityState, Decision
 from kvscale.operator_metrics import OperatorMetrics
-from kvscale.routing_tick import warming
+from kvscale.routing_loop import warming
 from kvscale.signals.snapshot import Fleet, Latency, Problem, ReplicaSignals, Snapshot
 from kvscale_cluster.specs import llm_spec
 

@@ -1,20 +1,22 @@
 """The routing loop of one endpoint around the pure weights law, every routing interval.
 
 It feeds `controllers.routing.decide` the replicas' signals (read by the capacity loop's source
-at the same cadence), which pods are still warming up and which one is being drained, then
-publishes the weights where the router watches them (the `<endpoint>-routing` ConfigMap, under
-its own field manager so the reconcile's apply of the empty ConfigMap never erases them) and in
-`status.routing`. Weights are published only when they change.
+at the same cadence; the worker hands them over), which pods are still warming up and which one
+is being drained, then publishes the weights where the router watches them (the
+`<endpoint>-routing` ConfigMap, under its own field manager so the reconcile's apply of the empty
+ConfigMap never erases them) and in `status.routing`. Weights are published only when they
+change.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Collection
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from kvscale import fleet
 from kvscale.api import v1alpha1 as api
+from kvscale.context import Context
 from kvscale.controllers.routing import (
     WEIGHTS_KEY,
     RoutingParams,
@@ -25,9 +27,6 @@ from kvscale.controllers.routing import (
 from kvscale.router_children import routing_configmap_name
 from kvscale.signals.snapshot import Snapshot
 from kvscale.timestamps import stamp
-
-if TYPE_CHECKING:
-    from kvscale.worker import Context
 
 JSON = dict[str, Any]
 WARMUP_S = 10.0  # a replica gets traffic this long after it turned Ready
