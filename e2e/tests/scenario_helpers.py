@@ -15,8 +15,8 @@ import openai
 from load import Load
 from prometheus_client.parser import text_string_to_metric_families
 
+from kvscale.children.router import ROUTER_PORT
 from kvscale.kube import Kube
-from kvscale.router_children import ROUTER_PORT
 
 OPERATOR_NAMESPACE = "kvscale-system"
 OPERATOR_SELECTOR = "app.kubernetes.io/name=kvscale-operator"

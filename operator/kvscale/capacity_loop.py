@@ -20,17 +20,19 @@ from typing import Any
 import httpx
 from pydantic import ValidationError
 
-from kvscale import children, drain, engine_admin, fleet, loop_status
+from kvscale import drain, engine_admin, fleet
 from kvscale.api import v1alpha1 as api
-from kvscale.conditions import Cond
+from kvscale.children import engine
+from kvscale.children.engine_args import DRAIN_SECONDS, ENGINE_PORT
+from kvscale.children.router import ROUTER_PORT
 from kvscale.context import Context
 from kvscale.controllers.capacity import CapacityState, Decision, decide
-from kvscale.engine_args import DRAIN_SECONDS, ENGINE_PORT
 from kvscale.kube import KubeError
 from kvscale.reconcile import Event
-from kvscale.router_children import ROUTER_PORT
 from kvscale.signals.snapshot import Snapshot
 from kvscale.signals.source import SignalSource, Target
+from kvscale.status import loops
+from kvscale.status.conditions import Cond
 
 JSON = dict[str, Any]
 log = logging.getLogger("kvscale.capacity")
@@ -90,7 +92,7 @@ class CapacityLoop:
         return int(held) if held is not None else None
 
     def conditions(self) -> list[Cond]:
-        return [loop_status.metrics_condition(self.latest)] if self.latest is not None else []
+        return [loops.metrics_condition(self.latest)] if self.latest is not None else []
 
     async def close(self) -> None:
         if self._source is not None:
@@ -109,13 +111,13 @@ class CapacityLoop:
             return Tick(next_in=min(self._next_capacity, self._next_fast) - now)
         self._next_fast = now + scaling.routing_interval_seconds
         pods = await asyncio.to_thread(
-            self.ctx.kube.list_pods, self.namespace, children.selector_string(self.name)
+            self.ctx.kube.list_pods, self.namespace, engine.selector_string(self.name)
         )
         # the count the operator stands by: another writer's change is undone by the reconcile
         intended = self.desired(body)
         current = intended if intended is not None and not spec.pinned else None
         if current is None:
-            current = children.desired_replicas(spec)
+            current = engine.desired_replicas(spec)
         window = scaling.capacity_interval_seconds if capacity_due else None
         snap = await self._snapshot(spec, pods, current, now, window)
         self.latest = snap
@@ -139,7 +141,7 @@ class CapacityLoop:
         scaling = spec.scaling
         fast_window = max(3 * scaling.routing_interval_seconds, MIN_FAST_WINDOW_S)
         routers = await asyncio.to_thread(
-            self.ctx.kube.list_pods, self.namespace, children.selector_string(self.name, "router")
+            self.ctx.kube.list_pods, self.namespace, engine.selector_string(self.name, "router")
         )
         target = Target(
             namespace=self.namespace,
@@ -165,7 +167,7 @@ class CapacityLoop:
         self.history = [*self.history, snap][-keep:]
         old = body.get("status") or {}
         if self.state is None:
-            self.state = loop_status.controller_state(old)
+            self.state = loops.controller_state(old)
             if self.state.desired is None:
                 self.state = replace(self.state, desired=snap.fleet.current)
         was = self.drain.target if self.drain else snap.fleet.current
@@ -200,7 +202,7 @@ class CapacityLoop:
         )
         tick = await self._act(decided, tick)
         victim = self.drain.pod if self.drain else None
-        status = {**loop_status.report(old, decision, snap, spec, now, victim, was), **tick.status}
+        status = {**loops.report(old, decision, snap, spec, now, victim, was), **tick.status}
         hours = status["cost"]["gpuHours"] - float((old.get("cost") or {}).get("gpuHours") or 0)
         self.ctx.metrics.record(
             (self.namespace, self.name),

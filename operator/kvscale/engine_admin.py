@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from kvscale.engine_args import ADMIN_PORT
+from kvscale.children.engine_args import ADMIN_PORT
 
 TIMEOUT_S = 5.0
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from kvscale import fleet
 from kvscale.api import v1alpha1 as api
+from kvscale.children.router import routing_configmap_name
 from kvscale.context import Context
 from kvscale.controllers.routing import (
     WEIGHTS_KEY,
@@ -24,7 +25,6 @@ from kvscale.controllers.routing import (
     decide,
     publication,
 )
-from kvscale.router_children import routing_configmap_name
 from kvscale.signals.snapshot import Snapshot
 from kvscale.timestamps import stamp
 

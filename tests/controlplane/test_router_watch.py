@@ -20,7 +20,9 @@ import httpx
 import pytest
 from kubernetes import client, utils
 
-from kvscale import children, router_children, timestamps
+from kvscale import timestamps
+from kvscale.children import engine
+from kvscale.children import router as router_children
 from kvscale_cluster.fixtures import Cluster, wait_for
 from kvscale_cluster.kubeconfig import write_kubeconfig
 from kvscale_cluster.ports import free_port
@@ -32,7 +34,7 @@ ENDPOINT = "chat"
 def router_rbac(namespace: str) -> list[dict[str, Any]]:
     """The rendered ServiceAccount, Role, RoleBinding and ConfigMap, without an owner (none
     exists here, and the garbage collector would delete orphans)."""
-    owner = children.Owner(ENDPOINT, namespace, "no-owner")
+    owner = engine.Owner(ENDPOINT, namespace, "no-owner")
     model = {"name": "m", "source": {"dummy": {"preset": "llama-tiny"}}}
     objs = router_children.render_router(owner, llm_spec(model=model))
     wanted = [
@@ -47,7 +49,7 @@ def engine_pod(name: str) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {"name": name, "labels": children.selector_labels(ENDPOINT)},
+        "metadata": {"name": name, "labels": engine.selector_labels(ENDPOINT)},
         "spec": {
             "schedulingGates": [{"name": "kvscale.io/test"}],
             "containers": [{"name": "engine", "image": "kvscale/engine:test"}],

@@ -80,8 +80,8 @@ def test_the_router_reads_what_the_operator_publishes() -> None:
 def test_operator_and_router_agree_on_the_key_and_the_port() -> None:
     """The router's defaults are the operator's constants (the packages may not import each
     other, so this test holds them together)."""
+    from kvscale.children.router import ROUTER_PORT
     from kvscale.controllers import routing
-    from kvscale.router_children import ROUTER_PORT
     from kvscale_router import cli, weights
 
     assert routing.WEIGHTS_KEY == weights.WEIGHTS_KEY

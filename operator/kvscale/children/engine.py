@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvscale.api import v1alpha1 as api
-from kvscale.engine_args import (
+from kvscale.children.engine_args import (
     DRAIN_SECONDS,
     ENDPOINTS,
     ENGINE_PORT,

@@ -13,9 +13,9 @@ import math
 from typing import Any
 
 from kvscale.api import v1alpha1 as api
-from kvscale.conditions import Cond
 from kvscale.controllers.capacity import CapacityState, Decision
 from kvscale.signals.snapshot import Snapshot
+from kvscale.status.conditions import Cond
 from kvscale.timestamps import parse, stamp
 
 JSON = dict[str, Any]

@@ -12,8 +12,8 @@ from __future__ import annotations
 import json
 
 from kvscale.api import v1alpha1 as api
-from kvscale.children import JSON, Owner, labels, probe, selector_labels
-from kvscale.engine_args import ENGINE_PORT
+from kvscale.children.engine import JSON, Owner, labels, probe, selector_labels
+from kvscale.children.engine_args import ENGINE_PORT
 
 ROUTER_PORT = 8080
 ROUTER_COMMAND = "kvscale-router"
