@@ -222,29 +222,23 @@ class CapacityLoop:
         self.drain = step.drain
         for action in step.actions:
             match action:
-                case drain.SendDrain(ip=ip):
+                case drain.AdminCall(method=method, ip=ip):
+                    call = engine_admin.start if method == "POST" else engine_admin.status
                     try:
-                        await engine_admin.start(self._client, ip)
-                        ok = True
+                        in_flight: int | None = (await call(self._client, ip)).busy
                     except httpx.HTTPError:
-                        ok = False  # it cannot take work
-                    return await self._act(drain.Requested(ok), tick)
-                case drain.Poll(ip=ip):
-                    try:
-                        in_flight = (await engine_admin.status(self._client, ip)).busy
-                    except httpx.HTTPError:
-                        in_flight = 0  # gone or dead: nothing it holds can still finish
+                        in_flight = None
                     assert isinstance(event, drain.Ticked)
-                    return await self._act(drain.Polled(event.now, in_flight), tick)
+                    return await self._act(drain.Answered(event.now, in_flight), tick)
                 case drain.Announce():
                     assert self.drain is not None
                     self.replicas = self.drain.current
-                    tick = _with_event(tick, _draining_event(self.drain))
+                    tick = _with_event(tick, "DrainingReplica", _draining(self.drain))
                 case drain.Undrain(drain=cancelled):
                     if cancelled.ip:
                         with contextlib.suppress(httpx.HTTPError):
                             await engine_admin.cancel(self._client, cancelled.ip)
-                    tick = _with_event(tick, _cancelled_event(action))
+                    tick = _with_event(tick, "DrainCancelled", _cancelled(action))
                 case drain.MarkDeletionCost(pod=pod):
                     with contextlib.suppress(KubeError, OSError):  # gone: the scale-in goes on
                         await asyncio.to_thread(
@@ -259,23 +253,17 @@ class CapacityLoop:
         return tick
 
 
-def _with_event(tick: Tick, event: Event) -> Tick:
-    return replace(tick, events=[*tick.events, event])
+def _with_event(tick: Tick, reason: str, message: str) -> Tick:
+    return replace(tick, events=[*tick.events, Event("Normal", reason, message)])
 
 
-def _cancelled_event(undrain: drain.Undrain) -> Event:
-    return Event(
-        "Normal",
-        "DrainCancelled",
-        f"Kept {undrain.drain.pod}: demand needs {undrain.desired} replicas again "
-        f"({undrain.message})",
-    )
-
-
-def _draining_event(victim: drain.Drain) -> Event:
-    return Event(
-        "Normal",
-        "DrainingReplica",
+def _draining(victim: drain.Drain) -> str:
+    return (
         f"Draining {victim.pod} before scaling from {victim.current} to "
-        f"{victim.target} replicas: {victim.why}",
+        f"{victim.target} replicas: {victim.why}"
     )
+
+
+def _cancelled(undrain: drain.Undrain) -> str:
+    kept = undrain.drain.pod
+    return f"Kept {kept}: demand needs {undrain.desired} replicas again ({undrain.message})"

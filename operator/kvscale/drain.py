@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from enum import Enum
+from typing import Literal
 
 DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
 LOWEST_DELETION_COST = "-1000"
@@ -69,21 +70,14 @@ class Ticked:
 
 
 @dataclass(frozen=True)
-class Requested:
-    """The answer to `POST /drain`: whether the replica took it."""
-
-    ok: bool
-
-
-@dataclass(frozen=True)
-class Polled:
-    """The victim's unfinished requests (0 when it did not answer)."""
+class Answered:
+    """The victim's answer to an `AdminCall`: its unfinished requests, None if it did not answer."""
 
     now: float
-    in_flight: int
+    in_flight: int | None
 
 
-Event = Decided | Ticked | Requested | Polled
+Event = Decided | Ticked | Answered
 
 
 # -- actions: what the caller does
@@ -95,12 +89,10 @@ class Announce:
 
 
 @dataclass(frozen=True)
-class SendDrain:
-    ip: str
+class AdminCall:
+    """`POST /drain` (stop taking work) or `GET /drain` (how much is in flight) on the victim."""
 
-
-@dataclass(frozen=True)
-class Poll:
+    method: Literal["POST", "GET"]
     ip: str
 
 
@@ -124,7 +116,7 @@ class ScaleTo:
     why: str
 
 
-Action = Announce | SendDrain | Poll | Undrain | MarkDeletionCost | ScaleTo
+Action = Announce | AdminCall | Undrain | MarkDeletionCost | ScaleTo
 
 
 @dataclass(frozen=True)
@@ -142,15 +134,16 @@ def transition(drain: Drain | None, event: Event, timeout_s: float) -> Step:
             if drain.phase is Phase.WEIGHT_ZERO:
                 if event.now - drain.since < event.routing_interval_s:
                     return Step(drain)  # routers first learn that its weight is 0
-                return Step(drain, [SendDrain(drain.ip)])
+                return Step(drain, [AdminCall("POST", drain.ip)])
             if drain.ip:
-                return Step(drain, [Poll(drain.ip)])
-            return transition(drain, Polled(event.now, 0), timeout_s)
-        case Requested() if drain is not None:
-            ip = drain.ip if event.ok else ""
+                return Step(drain, [AdminCall("GET", drain.ip)])
+            return transition(drain, Answered(event.now, None), timeout_s)
+        case Answered() if drain is not None and drain.phase is Phase.WEIGHT_ZERO:
+            ip = drain.ip if event.in_flight is not None else ""  # silent: it cannot take work
             return Step(replace(drain, ip=ip, phase=Phase.DRAINING))
-        case Polled() if drain is not None:
-            if event.in_flight > 0 and event.now - drain.since < timeout_s:
+        case Answered() if drain is not None:
+            busy = event.in_flight or 0  # silent: gone or dead, nothing it holds can finish
+            if busy > 0 and event.now - drain.since < timeout_s:
                 return Step(drain)
             waited = event.now - drain.since
             why = f"{drain.pod} drained in {waited:.0f} s ({drain.why})"

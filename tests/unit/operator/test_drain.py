@@ -4,16 +4,14 @@ from __future__ import annotations
 
 from kvscale import drain
 from kvscale.drain import (
+    AdminCall,
     Announce,
+    Answered,
     Decided,
     Drain,
     MarkDeletionCost,
     Phase,
-    Poll,
-    Polled,
-    Requested,
     ScaleTo,
-    SendDrain,
     Step,
     Ticked,
     Undrain,
@@ -66,28 +64,28 @@ def test_a_pinned_count_starts_nothing() -> None:
 def test_routers_get_one_routing_interval_to_see_weight_zero() -> None:
     assert step(VICTIM, Ticked(now=104.0, routing_interval_s=5.0)) == Step(VICTIM, [])
     assert step(VICTIM, Ticked(now=105.0, routing_interval_s=5.0)) == Step(
-        VICTIM, [SendDrain("10.0.0.3")]
+        VICTIM, [AdminCall("POST", "10.0.0.3")]
     )
 
 
 def test_a_drain_request_moves_to_draining_and_a_failed_one_forgets_the_address() -> None:
-    assert step(VICTIM, Requested(ok=True)) == Step(DRAINING)
-    failed = step(VICTIM, Requested(ok=False)).drain
+    assert step(VICTIM, Answered(105.0, in_flight=0)) == Step(DRAINING)
+    failed = step(VICTIM, Answered(105.0, in_flight=None)).drain
     assert failed is not None and failed.phase is Phase.DRAINING and failed.ip == ""
 
 
 def test_a_draining_victim_is_polled_until_nothing_is_in_flight() -> None:
-    assert step(DRAINING, Ticked(110.0, 5.0)) == Step(DRAINING, [Poll("10.0.0.3")])
-    assert step(DRAINING, Polled(110.0, in_flight=2)) == Step(DRAINING, [])
-    done = step(DRAINING, Polled(112.0, in_flight=0))
+    assert step(DRAINING, Ticked(110.0, 5.0)) == Step(DRAINING, [AdminCall("GET", "10.0.0.3")])
+    assert step(DRAINING, Answered(110.0, in_flight=2)) == Step(DRAINING, [])
+    done = step(DRAINING, Answered(112.0, in_flight=0))
     assert done == Step(
         None, [MarkDeletionCost("p-2"), ScaleTo(2, "p-2 drained in 12 s (demand fell)")]
     )
 
 
 def test_the_drain_deadline_scales_in_with_requests_still_in_flight() -> None:
-    assert step(DRAINING, Polled(129.0, in_flight=1)).drain == DRAINING
-    done = step(DRAINING, Polled(130.0, in_flight=1))
+    assert step(DRAINING, Answered(129.0, in_flight=1)).drain == DRAINING
+    done = step(DRAINING, Answered(130.0, in_flight=1))
     assert done.drain is None and done.actions[0] == MarkDeletionCost("p-2")
 
 
@@ -117,7 +115,7 @@ def test_a_pinned_count_at_or_above_the_start_cancels_but_does_not_scale() -> No
 
 
 def test_events_without_a_drain_change_nothing() -> None:
-    for event in (Ticked(1.0, 5.0), Requested(True), Polled(1.0, 0)):
+    for event in (Ticked(1.0, 5.0), Answered(1.0, 0), Answered(1.0, None)):
         assert step(None, event) == Step(None, [])
 
 
@@ -126,12 +124,12 @@ def test_a_whole_scale_in_walks_weight_zero_drain_wait_mark_scale_down() -> None
     script: list[tuple[drain.Event, type]] = [
         (scale_in(), Announce),
         (Ticked(102.0, 5.0), type(None)),
-        (Ticked(105.0, 5.0), SendDrain),
-        (Requested(True), type(None)),
-        (Ticked(110.0, 5.0), Poll),
-        (Polled(110.0, 1), type(None)),
-        (Ticked(115.0, 5.0), Poll),
-        (Polled(115.0, 0), MarkDeletionCost),
+        (Ticked(105.0, 5.0), AdminCall),
+        (Answered(105.0, 0), type(None)),
+        (Ticked(110.0, 5.0), AdminCall),
+        (Answered(110.0, 1), type(None)),
+        (Ticked(115.0, 5.0), AdminCall),
+        (Answered(115.0, 0), MarkDeletionCost),
     ]
     for event, first in script:
         result = step(state, event)
@@ -139,3 +137,10 @@ def test_a_whole_scale_in_walks_weight_zero_drain_wait_mark_scale_down() -> None
         assert type(result.actions[0] if result.actions else None) is first, event
         taken += result.actions
     assert state is None and taken[-1] == ScaleTo(2, "p-2 drained in 15 s (demand fell)")
+
+
+def test_a_poll_without_an_answer_scales_in_at_once() -> None:
+    done = step(DRAINING, Answered(111.0, in_flight=None))
+    assert done == Step(
+        None, [MarkDeletionCost("p-2"), ScaleTo(2, "p-2 drained in 11 s (demand fell)")]
+    )
