@@ -47,15 +47,23 @@ class _Model(BaseModel):
 # --- spec.model ---------------------------------------------------------------------------
 
 
+def _path(pattern: str, description: str, **field: Any) -> Any:
+    """A path's Field: at most 4096 characters, `pattern`, and no `..` segments (a CEL rule at
+    admission; `rules.no_dot_dot` checks the same when parsed)."""
+    return Field(
+        max_length=4096,
+        pattern=pattern,
+        description=description,
+        json_schema_extra=_validations(rules.NO_DOT_DOT_RULE),
+        **field,
+    )
+
+
 class HostPathSource(_Model):
     path: Annotated[
         str,
-        Field(
-            min_length=1,
-            max_length=4096,
-            pattern=r"^/",
-            description="Absolute path of a Hugging Face checkpoint directory on the node.",
-            json_schema_extra=_validations(rules.NO_DOT_DOT_RULE),
+        _path(
+            r"^/", "Absolute path of a Hugging Face checkpoint directory on the node.", min_length=1
         ),
         AfterValidator(rules.no_dot_dot),
     ]
@@ -74,13 +82,11 @@ class PVCSource(_Model):
     ]
     sub_path: Annotated[
         str,
-        Field(
+        _path(
+            r"^([^/].*)?$",
+            "Relative directory inside the volume that holds the checkpoint.",
             alias="subPath",
             default="",
-            max_length=4096,
-            pattern=r"^([^/].*)?$",
-            description="Relative directory inside the volume that holds the checkpoint.",
-            json_schema_extra=_validations(rules.NO_DOT_DOT_RULE),
         ),
         AfterValidator(rules.no_dot_dot),
     ]
