@@ -82,23 +82,30 @@ def test_a_real_vllm_0_32() -> None:
     assert raw.started_at is not None
     assert raw.histograms[HistogramKey.TTFT].total == 6
     assert raw.histograms[HistogramKey.ITL].total == 66  # 72 tokens less the 6 first ones
-    busy = (
-        text.replace('reason="capacity"} 0.0', 'reason="capacity"} 5.0')
-        .replace('reason="deferred"} 0.0', 'reason="deferred"} 2.0')
-        .replace(
-            'finished_reason="error",model_name="tiny-llama"} 0.0',
-            'finished_reason="error",model_name="tiny-llama"} 17.0',
-        )
-        .replace('reason="max_num_queued_reqs"} 0.0', 'reason="max_num_queued_reqs"} 4.0')
+    errors = text.replace(
+        'finished_reason="error",model_name="tiny-llama"} 0.0',
+        'finished_reason="error",model_name="tiny-llama"} 17.0',
     )
-    busy_raw = parse_replica(busy, 0.0)
-    assert busy.count("} 17.0") == 1 and busy_raw.counters[CounterKey.SUCCESSES] == 6  # no errors
-    assert busy_raw.counters[CounterKey.REFUSALS] == 4
-    # without the total, the waiting requests by reason add up to it
+    assert errors.count("} 17.0") == 1
+    assert parse_replica(errors, 0.0).counters[CounterKey.SUCCESSES] == 6  # failures left out
+
+
+def test_a_real_vllm_0_32_past_its_queue_limit() -> None:
+    text = fixture("vllm_v0_32_busy.txt")
+    raw = parse_replica(text, 0.0)
+    assert raw.missing() == ()
+    assert (raw.gauges[GaugeKey.RUNNING], raw.gauges[GaugeKey.WAITING]) == (2, 2)
+    assert raw.gauges[GaugeKey.KV_USAGE] == pytest.approx(0.000977, rel=1e-3)  # a fraction
+    assert raw.counters[CounterKey.REFUSALS] == 6  # over --max-num-queued-reqs 4
+    assert raw.counters[CounterKey.SUCCESSES] == 0  # nothing finished yet
+    assert raw.counters[CounterKey.GENERATION_TOKENS] == 835
+    assert raw.histograms[HistogramKey.ITL].total == 833
+    # without the total, the waiting requests by reason (capacity, deferred) add up to it
     by_reason = "\n".join(
-        line for line in busy.splitlines() if not line.startswith("vllm:num_requests_waiting{")
+        line for line in text.splitlines() if not line.startswith("vllm:num_requests_waiting{")
     )
-    assert parse_replica(by_reason, 0.0).gauges[GaugeKey.WAITING] == 7
+    assert parse_replica(by_reason, 0.0).gauges[GaugeKey.WAITING] == 2
+    assert "vllm:num_requests_waiting_by_reason" in by_reason
 
 
 def test_sglang_reads_as_the_same_signals() -> None:
