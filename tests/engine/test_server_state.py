@@ -6,11 +6,11 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
-from kvscale_engine.llm_engine import LLMEngine
-from kvscale_engine.metrics import EngineMetrics
+from kvscale_engine.engine.llm_engine import LLMEngine
 from kvscale_engine.sampling_params import SamplingParams
-from kvscale_engine.server_config import ServerConfig
-from kvscale_engine.serving import Refused, ServerState
+from kvscale_engine.server.config import ServerConfig
+from kvscale_engine.server.metrics import EngineMetrics
+from kvscale_engine.server.state import Refused, ServerState
 
 PARAMS = SamplingParams(temperature=0.0, max_tokens=4)
 
@@ -27,7 +27,7 @@ async def _fail_engine(state: ServerState, engine: LLMEngine) -> None:
         raise RuntimeError("kernel exploded")
 
     engine.model_runner.run = broken  # type: ignore[method-assign]
-    stream = state.engine_loop.add("victim", [1, 2, 3], PARAMS, 0, 0.0)
+    stream = state.engine_thread.add("victim", [1, 2, 3], PARAMS, 0, 0.0)
     assert isinstance(await stream.get(), RuntimeError)
 
 

@@ -12,19 +12,19 @@ import math
 import torch
 
 from kvscale_engine.config import EngineConfig
-from kvscale_engine.device_memory import measure_peak, total_bytes
-from kvscale_engine.layers.attention import BlockMaskFn, SeqSpan, build_metadata
-from kvscale_engine.layers.sampler import SampleRequest, sample
-from kvscale_engine.loader import load_model
-from kvscale_engine.memory_budget import (
+from kvscale_engine.engine.device_memory import measure_peak, total_bytes
+from kvscale_engine.engine.loader import load_model
+from kvscale_engine.engine.memory_budget import (
     MemoryBudget,
     estimated_activation_bytes,
     kv_block_bytes,
     plan_num_blocks,
 )
+from kvscale_engine.engine.scheduler import ScheduledBatch, ScheduledSeq
+from kvscale_engine.layers.attention import BlockMaskFn, SeqSpan, build_metadata
+from kvscale_engine.layers.sampler import SampleRequest, sample
 from kvscale_engine.model_config import ModelConfig
 from kvscale_engine.models.llama import KVCache
-from kvscale_engine.scheduler import ScheduledBatch, ScheduledSeq
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

@@ -18,21 +18,21 @@ import time
 from collections.abc import Callable
 from typing import Literal
 
-from kvscale_engine.admission import (
+from kvscale_engine.engine.llm_engine import LLMEngine
+from kvscale_engine.engine.outputs import EngineStats
+from kvscale_engine.engine.tokenizer import Tokenizer
+from kvscale_engine.sampling_params import SamplingParams
+from kvscale_engine.server.admission import (
     AdmissionController,
     KvFootprint,
     TrafficClass,
     derive_concurrency_limit,
 )
-from kvscale_engine.engine_loop import EngineLoop, Item
-from kvscale_engine.generation import Admitted, Generation, Track
-from kvscale_engine.llm_engine import LLMEngine
-from kvscale_engine.metrics import EngineMetrics, StatsSnapshot
-from kvscale_engine.outputs import EngineStats
-from kvscale_engine.protocol import new_id
-from kvscale_engine.sampling_params import SamplingParams
-from kvscale_engine.server_config import ServerConfig
-from kvscale_engine.tokenizer import Tokenizer
+from kvscale_engine.server.config import ServerConfig
+from kvscale_engine.server.engine_thread import EngineThread, Item
+from kvscale_engine.server.generation import Admitted, Generation, Track
+from kvscale_engine.server.metrics import EngineMetrics, StatsSnapshot
+from kvscale_engine.server.protocol import new_id
 
 log = logging.getLogger(__name__)
 Phase = Literal["loading", "ready", "failed"]
@@ -54,7 +54,7 @@ class ServerState:
         self.config = config
         self.metrics = metrics
         self.phase: Phase = "loading"
-        self._engine_loop: EngineLoop | None = None
+        self._engine_thread: EngineThread | None = None
         self._admission: AdmissionController | None = None
         self._tickets = itertools.count()
         self._waiters: dict[int, asyncio.Future[None]] = {}
@@ -74,9 +74,9 @@ class ServerState:
         """Build (or adopt) the engine, size admission from its KV budget, warm up, go ready."""
         try:
             engine = await asyncio.to_thread(source) if callable(source) else source
-            self._engine_loop = EngineLoop(engine, self._on_stats)
-            self._engine_loop.start()
-            stats = await self._engine_loop.call(engine.stats)
+            self._engine_thread = EngineThread(engine, self._on_stats)
+            self._engine_thread.start()
+            stats = await self._engine_thread.call(engine.stats)
             self.block_size, self.num_kv_blocks = stats.block_size, stats.num_total_blocks
             self._admission = self._build_admission(stats)
             self._admission.draining = self.draining  # a drain asked for while loading holds
@@ -85,7 +85,7 @@ class ServerState:
             if self.config.warmup:
                 await self._warm_up()
             self._counting = True
-            self._on_stats(await self._engine_loop.call(engine.stats))
+            self._on_stats(await self._engine_thread.call(engine.stats))
         except Exception:
             log.exception("Engine failed to load")
             self.phase = "failed"
@@ -96,8 +96,8 @@ class ServerState:
             log.info("Engine became ready: %s", self.config.served_model_name)
 
     async def close(self) -> None:
-        if self._engine_loop is not None:
-            await self._engine_loop.stop()
+        if self._engine_thread is not None:
+            await self._engine_thread.stop()
 
     def start_draining(self) -> None:
         """Readiness false, new requests refused with 503; admitted and queued ones finish."""
@@ -162,7 +162,7 @@ class ServerState:
     @property
     def healthy(self) -> bool:
         return self.phase != "failed" and (
-            self._engine_loop is None or self._engine_loop.error is None
+            self._engine_thread is None or self._engine_thread.error is None
         )
 
     @property
@@ -170,13 +170,13 @@ class ServerState:
         return self._active
 
     @property
-    def engine_loop(self) -> EngineLoop:
-        assert self._engine_loop is not None, "engine not loaded"
-        return self._engine_loop
+    def engine_thread(self) -> EngineThread:
+        assert self._engine_thread is not None, "engine not loaded"
+        return self._engine_thread
 
     @property
     def tokenizer(self) -> Tokenizer:
-        tokenizer: Tokenizer = self.engine_loop.engine.tokenizer
+        tokenizer: Tokenizer = self.engine_thread.engine.tokenizer
         return tokenizer
 
     @property
@@ -290,7 +290,7 @@ class ServerState:
         """Hand an admitted request to the engine; on any failure its slot is given back."""
         stream: asyncio.Queue[Item] = asyncio.Queue()
         try:
-            loop = self.engine_loop
+            loop = self.engine_thread
             gen = Generation(
                 loop, self.metrics, self.release, admitted, len(prompt_token_ids), stream
             )
@@ -361,7 +361,7 @@ class ServerState:
         return AdmissionController(cfg.traffic_classes, limit)
 
     def _cache_info(self, stats: EngineStats) -> dict[str, str]:
-        engine_cfg = self.engine_loop.engine.config
+        engine_cfg = self.engine_thread.engine.config
         return {
             "block_size": str(stats.block_size),
             "num_gpu_blocks": str(stats.num_total_blocks),
@@ -374,7 +374,7 @@ class ServerState:
 
     @property
     def vocab_size(self) -> int:
-        vocab: int = self.engine_loop.engine.model_config.vocab_size
+        vocab: int = self.engine_thread.engine.model_config.vocab_size
         return vocab
 
     def fits_kv_pool(self, num_tokens: int) -> bool:
@@ -382,12 +382,12 @@ class ServerState:
         return -(-num_tokens // self.block_size) <= self.num_kv_blocks
 
     async def _warm_up(self) -> None:
-        """One short generation through the loop, so the first user request pays no start-up cost.
+        """One short generation, so the first user request pays no start-up cost.
 
         It bypasses Generation so that it leaves no trace in the request metrics.
         """
         params = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
-        stream = self.engine_loop.add(new_id("warmup"), [1, 2, 3, 4], params, 0, time.monotonic())
+        stream = self.engine_thread.add(new_id("warmup"), [1, 2, 3, 4], params, 0, time.monotonic())
         while True:
             item = await stream.get()
             if isinstance(item, BaseException):

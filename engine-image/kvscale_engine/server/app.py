@@ -19,8 +19,10 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException
 
-from kvscale_engine.metrics import CONTENT_TYPE, EngineMetrics
-from kvscale_engine.protocol import (
+from kvscale_engine.sampling_params import SamplingError, SamplingParams
+from kvscale_engine.server.config import CLASS_HEADER, ServerConfig
+from kvscale_engine.server.metrics import CONTENT_TYPE, EngineMetrics
+from kvscale_engine.server.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     ModelCard,
@@ -28,10 +30,8 @@ from kvscale_engine.protocol import (
     error_body,
     now_s,
 )
-from kvscale_engine.responses import Formatter, GenerationStream, collect, stream_events
-from kvscale_engine.sampling_params import SamplingError, SamplingParams
-from kvscale_engine.server_config import CLASS_HEADER, ServerConfig
-from kvscale_engine.serving import EngineSource, Refused, ServerState
+from kvscale_engine.server.responses import Formatter, GenerationStream, collect, stream_events
+from kvscale_engine.server.state import EngineSource, Refused, ServerState
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
