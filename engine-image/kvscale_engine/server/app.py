@@ -20,6 +20,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException
 
 from kvscale_engine.sampling_params import SamplingError, SamplingParams
+from kvscale_engine.server.admission_queue import Refused
 from kvscale_engine.server.config import CLASS_HEADER, ServerConfig
 from kvscale_engine.server.metrics import CONTENT_TYPE, EngineMetrics
 from kvscale_engine.server.protocol import (
@@ -31,7 +32,7 @@ from kvscale_engine.server.protocol import (
     now_s,
 )
 from kvscale_engine.server.responses import Formatter, GenerationStream, collect, stream_events
-from kvscale_engine.server.state import EngineSource, Refused, ServerState
+from kvscale_engine.server.state import EngineSource, ServerState
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

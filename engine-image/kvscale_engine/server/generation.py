@@ -12,18 +12,9 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from kvscale_engine.engine.outputs import RequestOutput
-from kvscale_engine.server.admission import TrafficClass
+from kvscale_engine.server.admission_queue import Admitted
 from kvscale_engine.server.engine_thread import EngineThread, Item
 from kvscale_engine.server.metrics import EngineMetrics, FinishedRequest
-
-
-@dataclass
-class Admitted:
-    ticket: int
-    traffic_class: TrafficClass
-    arrival: float
-    released: bool = False
-    used_tokens: int | None = None  # KV tokens its sequences reached, set when it ends
 
 
 @dataclass

@@ -1,7 +1,8 @@
-"""The server's state: loading and readiness, admission, draining, starting generations.
+"""The server's state: loading and readiness, draining, starting generations.
 
 One `ServerState` lives on `app.state` for the life of the app. A request is first admitted
-(now, after a bounded wait, or refused), then becomes a `Generation` (generation.py).
+(now, after a bounded wait, or refused: admission_queue.py), then becomes a `Generation`
+(generation.py).
 
 Draining (the operator's scale-in, or the end of a shutdown) turns readiness false and refuses new
 requests with 503 while admitted ones finish; an operator can cancel it. A shutdown (SIGTERM)
@@ -12,7 +13,6 @@ routers stop sending, and only then drains; it cannot be cancelled.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import time
 from collections.abc import Callable
@@ -22,15 +22,10 @@ from kvscale_engine.engine.llm_engine import LLMEngine
 from kvscale_engine.engine.outputs import EngineStats
 from kvscale_engine.engine.tokenizer import Tokenizer
 from kvscale_engine.sampling_params import SamplingParams
-from kvscale_engine.server.admission import (
-    AdmissionController,
-    KvFootprint,
-    TrafficClass,
-    derive_concurrency_limit,
-)
+from kvscale_engine.server.admission_queue import AdmissionQueue, Admitted, KvPool, Refused
 from kvscale_engine.server.config import ServerConfig
 from kvscale_engine.server.engine_thread import EngineThread, Item
-from kvscale_engine.server.generation import Admitted, Generation, Track
+from kvscale_engine.server.generation import Generation, Track
 from kvscale_engine.server.metrics import EngineMetrics, StatsSnapshot
 from kvscale_engine.server.protocol import new_id
 
@@ -39,30 +34,14 @@ Phase = Literal["loading", "ready", "failed"]
 EngineSource = LLMEngine | Callable[[], LLMEngine]
 
 
-class Refused(Exception):
-    """The request was not admitted: 429 (overload) or 503 (loading, draining)."""
-
-    def __init__(self, status: int, reason: str, retry_after_s: float, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.reason = reason
-        self.retry_after_s = retry_after_s
-
-
 class ServerState:
     def __init__(self, config: ServerConfig, metrics: EngineMetrics) -> None:
         self.config = config
         self.metrics = metrics
         self.phase: Phase = "loading"
         self._engine_thread: EngineThread | None = None
-        self._admission: AdmissionController | None = None
-        self._tickets = itertools.count()
-        self._waiters: dict[int, asyncio.Future[None]] = {}
-        self._active = 0
-        self._idle = asyncio.Event()
-        self._idle.set()
+        self._queue: AdmissionQueue | None = None
         self._counting = False  # engine counters before and during warm-up are not exported
-        self._footprint: KvFootprint | None = None  # set when the limit follows request lengths
         self.block_size = 1
         self.num_kv_blocks = 0
         self.draining = False  # refusing new requests (POST /drain, or the end of a shutdown)
@@ -78,8 +57,9 @@ class ServerState:
             self._engine_thread.start()
             stats = await self._engine_thread.call(engine.stats)
             self.block_size, self.num_kv_blocks = stats.block_size, stats.num_total_blocks
-            self._admission = self._build_admission(stats)
-            self._admission.draining = self.draining  # a drain asked for while loading holds
+            pool = KvPool(self.num_kv_blocks, self.block_size, self.config.max_num_seqs)
+            self._queue = AdmissionQueue.for_server(self.config, pool, self.metrics)
+            self._queue.controller.draining = self.draining  # a drain asked while loading holds
             self.metrics.set_cache_info(self._cache_info(stats))
             self._on_stats(stats)
             if self.config.warmup:
@@ -103,16 +83,16 @@ class ServerState:
         """Readiness false, new requests refused with 503; admitted and queued ones finish."""
         self.draining = True
         self.metrics.set_ready(False)
-        if self._admission is not None:
-            self._admission.start_draining()
+        if self._queue is not None:
+            self._queue.controller.start_draining()
 
     def stop_draining(self) -> bool:
         """Cancel a drain (an aborted scale-in); False when shutting down, which is final."""
         if self.stopping:
             return False
         self.draining = False
-        if self._admission is not None:
-            self._admission.stop_draining()
+        if self._queue is not None:
+            self._queue.controller.stop_draining()
         self.metrics.set_ready(self.ready)
         return True
 
@@ -123,11 +103,7 @@ class ServerState:
 
     async def wait_idle(self, timeout_s: float) -> bool:
         """Wait until no request is admitted or queued; True when none is left in time."""
-        try:
-            await asyncio.wait_for(self._idle.wait(), timeout_s)
-        except TimeoutError:
-            return False
-        return True
+        return self._queue is None or await self._queue.wait_idle(timeout_s)
 
     async def drain(self, timeout_s: float) -> bool:
         """Refuse new requests and wait for admitted and queued ones; True when none are left."""
@@ -135,12 +111,12 @@ class ServerState:
         return await self.wait_idle(timeout_s)
 
     def drain_status(self) -> dict[str, object]:
-        queued = self._admission.queued if self._admission is not None else 0
+        queued = self._queue.queued if self._queue is not None else 0
         return {
             "draining": self.draining,
-            "in_flight": self._active,  # admitted or queued, not finished
+            "in_flight": self.active,  # admitted or queued, not finished
             "queued": queued,
-            "drained": self.draining and self._active == 0,
+            "drained": self.draining and self.active == 0,
             "phase": self.status,
         }
 
@@ -167,7 +143,7 @@ class ServerState:
 
     @property
     def active(self) -> int:
-        return self._active
+        return self._queue.active if self._queue is not None else 0
 
     @property
     def engine_thread(self) -> EngineThread:
@@ -180,9 +156,9 @@ class ServerState:
         return tokenizer
 
     @property
-    def admission(self) -> AdmissionController:
-        assert self._admission is not None, "engine not loaded"
-        return self._admission
+    def queue(self) -> AdmissionQueue:
+        assert self._queue is not None, "engine not loaded"
+        return self._queue
 
     # admission
 
@@ -197,87 +173,7 @@ class ServerState:
         """Admit (or queue, or refuse) a request that may grow to `kv_tokens` KV tokens."""
         arrival = time.monotonic()
         self.require_loaded()
-        admission = self.admission
-        cls = admission.resolve(class_name)
-        if self._footprint is not None:
-            self._footprint.asked(kv_tokens)
-            self._retune(arrival)
-        ticket = next(self._tickets)
-        verdict = admission.offer(ticket, cls, arrival)
-        if verdict.outcome == "reject":
-            assert verdict.reason is not None
-            raise self._refuse(verdict.reason, cls, verdict.retry_after_s)
-        self._active += 1
-        self._idle.clear()
-        admitted = Admitted(ticket, cls, arrival)
-        if verdict.outcome == "queue":
-            await self._wait_in_queue(admitted)
-        self.metrics.observe_queue_wait(cls.name, time.monotonic() - arrival)
-        return admitted
-
-    def release(self, admitted: Admitted) -> None:
-        if admitted.released:
-            return
-        admitted.released = True
-        now = time.monotonic()
-        self._wake(self.admission.release(admitted.ticket, now))
-        if self._footprint is not None and admitted.used_tokens is not None:
-            self._footprint.used(admitted.used_tokens)
-            self._retune(now)
-        self._active -= 1
-        if self._active == 0:
-            self._idle.set()
-
-    def _wake(self, tickets: list[int]) -> None:
-        for ticket in tickets:
-            waiter = self._waiters.pop(ticket, None)
-            if waiter is not None and not waiter.done():
-                waiter.set_result(None)
-
-    def _retune(self, now: float) -> None:
-        """Follow the measured request length with the concurrency limit (when not pinned)."""
-        assert self._footprint is not None
-        limit = derive_concurrency_limit(
-            self.num_kv_blocks,
-            self.block_size,
-            self._footprint.expected_tokens,
-            self.config.max_num_seqs,
-        )
-        if limit != self.admission.limit:
-            self._wake(self.admission.set_limit(limit, now))
-
-    async def _wait_in_queue(self, admitted: Admitted) -> None:
-        cls = admitted.traffic_class
-        waiter = asyncio.get_running_loop().create_future()
-        self._waiters[admitted.ticket] = waiter
-        deadline = admitted.arrival + cls.max_queue_wait_s
-        try:
-            await asyncio.wait({waiter}, timeout=max(0.0, deadline - time.monotonic()))
-        except asyncio.CancelledError:  # the client left while queued
-            self._leave_queue(admitted)
-            raise
-        if not waiter.done():
-            self._leave_queue(admitted, timed_out=True)
-            raise self._refuse("timeout", cls, 1.0)
-
-    def _leave_queue(self, admitted: Admitted, timed_out: bool = False) -> None:
-        self._waiters.pop(admitted.ticket, None)
-        now = time.monotonic() if timed_out else None
-        if self.admission.cancel(admitted.ticket, timed_out_at=now):
-            admitted.released = True
-            self._active -= 1
-            if self._active == 0:
-                self._idle.set()
-        else:  # it was admitted in the same instant
-            self.release(admitted)
-
-    def _refuse(self, reason: str, cls: TrafficClass, retry_after_s: float) -> Refused:
-        self.metrics.observe_rejection(reason, cls.name)
-        if reason == "draining":
-            return Refused(503, reason, retry_after_s, "the server is draining")
-        return Refused(
-            429, reason, retry_after_s, f"traffic class {cls.name!r} is over capacity ({reason})"
-        )
+        return await self.queue.admit(class_name, kv_tokens, arrival)
 
     # generation
 
@@ -289,13 +185,12 @@ class ServerState:
     ) -> Generation:
         """Hand an admitted request to the engine; on any failure its slot is given back."""
         stream: asyncio.Queue[Item] = asyncio.Queue()
+        release = self.queue.release
         try:
             loop = self.engine_thread
-            gen = Generation(
-                loop, self.metrics, self.release, admitted, len(prompt_token_ids), stream
-            )
+            gen = Generation(loop, self.metrics, release, admitted, len(prompt_token_ids), stream)
         except BaseException:
-            self.release(admitted)
+            release(admitted)
             raise
         base = new_id("req")
         try:
@@ -316,10 +211,8 @@ class ServerState:
         return gen
 
     def refresh_load_metrics(self) -> None:
-        if self._admission is None:
-            return
-        for name, (queued, in_flight) in self._admission.load().items():
-            self.metrics.set_admission_load(name, queued, in_flight)
+        if self._queue is not None:
+            self._queue.refresh_load_metrics()
 
     def _on_stats(self, stats: EngineStats) -> None:
         observe = self.metrics.observe_stats if self._counting else self.metrics.set_baseline
@@ -337,28 +230,6 @@ class ServerState:
                 generation_tokens=stats.generation_tokens,
             )
         )
-
-    def _build_admission(self, stats: EngineStats) -> AdmissionController:
-        cfg = self.config
-        if not cfg.admission:
-            unlimited = tuple(
-                TrafficClass(c.name, c.priority, None, 1 << 30, float("inf"))
-                for c in cfg.traffic_classes
-            )
-            return AdmissionController(unlimited, None)
-        if cfg.max_concurrency is not None:
-            limit = cfg.max_concurrency
-            log.info("Admission limited concurrency to %d requests", limit)
-        else:
-            self._footprint = KvFootprint(cfg.max_model_len)
-            limit = derive_concurrency_limit(
-                stats.num_total_blocks,
-                stats.block_size,
-                self._footprint.expected_tokens,
-                cfg.max_num_seqs,
-            )
-            log.info("Admission starts at %d requests and follows request lengths", limit)
-        return AdmissionController(cfg.traffic_classes, limit)
 
     def _cache_info(self, stats: EngineStats) -> dict[str, str]:
         engine_cfg = self.engine_thread.engine.config
