@@ -43,7 +43,7 @@ def _is_type(value: Any, name: str) -> bool:
         return isinstance(value, int) and not isinstance(value, bool)
     if name == "number":
         return isinstance(value, int | float) and not isinstance(value, bool)
-    kinds = {"string": str, "null": type(None), "object": dict, "array": list}
+    kinds: dict[str, type] = {"string": str, "null": type(None), "object": dict, "array": list}
     return isinstance(value, kinds[name])
 
 
