@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
 
 import pytest
 
@@ -30,133 +29,106 @@ def _sample(queue: AdmissionQueue, name: str, **labels: str) -> float:
     return value or 0.0
 
 
-def _run(scenario: Callable[[], Awaitable[None]]) -> None:
-    asyncio.run(asyncio.wait_for(scenario(), 10.0))
-
-
 async def _until_queued(queue: AdmissionQueue, n: int) -> None:
     while queue.queued < n:
         await asyncio.sleep(0)
 
 
-def test_under_the_limit_a_request_is_admitted_at_once_and_counted_until_released() -> None:
-    async def scenario() -> None:
-        queue = _queue(2)
-        admitted = await queue.admit("fast", 16, 0.0)
-        assert (admitted.ticket, admitted.traffic_class) == (0, FAST)
-        assert queue.active == 1 and queue.controller.in_flight == 1
-        assert not await queue.wait_idle(0.01)
-        queue.release(admitted)
-        queue.release(admitted)  # a second release is a no-op
-        assert queue.active == 0 and queue.controller.in_flight == 0
-        assert await queue.wait_idle(0.01)
-        assert _sample(queue, "kvscale:admission_queue_wait_seconds_count", traffic_class="fast")
-
-    _run(scenario)
+async def test_under_the_limit_a_request_is_admitted_at_once_and_counted_until_released() -> None:
+    queue = _queue(2)
+    admitted = await queue.admit("fast", 16, 0.0)
+    assert (admitted.ticket, admitted.traffic_class) == (0, FAST)
+    assert queue.active == 1 and queue.controller.in_flight == 1
+    assert not await queue.wait_idle(0.01)
+    queue.release(admitted)
+    queue.release(admitted)  # a second release is a no-op
+    assert queue.active == 0 and queue.controller.in_flight == 0
+    assert await queue.wait_idle(0.01)
+    assert _sample(queue, "kvscale:admission_queue_wait_seconds_count", traffic_class="fast")
 
 
-def test_a_queued_request_starts_when_a_slot_is_released() -> None:
-    async def scenario() -> None:
-        queue = _queue(1)
-        first = await queue.admit("fast", 16, time.monotonic())
-        waiting = asyncio.create_task(queue.admit("fast", 16, first.arrival))
-        await _until_queued(queue, 1)
-        assert queue.active == 2 and not waiting.done()
-        queue.release(first)
-        second = await waiting
-        assert second.ticket == 1 and queue.queued == 0 and queue.controller.in_flight == 1
-        queue.release(second)
-        assert await queue.wait_idle(0.01)
-
-    _run(scenario)
+async def test_a_queued_request_starts_when_a_slot_is_released() -> None:
+    queue = _queue(1)
+    first = await queue.admit("fast", 16, time.monotonic())
+    waiting = asyncio.create_task(queue.admit("fast", 16, first.arrival))
+    await _until_queued(queue, 1)
+    assert queue.active == 2 and not waiting.done()
+    queue.release(first)
+    second = await waiting
+    assert second.ticket == 1 and queue.queued == 0 and queue.controller.in_flight == 1
+    queue.release(second)
+    assert await queue.wait_idle(0.01)
 
 
-def test_a_request_queued_past_its_class_wait_is_refused_and_counted() -> None:
+async def test_a_request_queued_past_its_class_wait_is_refused_and_counted() -> None:
     brief = TrafficClass("brief", max_queue=4, max_queue_wait_s=0.05)
-
-    async def scenario() -> None:
-        queue = _queue(1, brief)
-        first = await queue.admit(None, 16, 0.0)
-        with pytest.raises(Refused) as refused:
-            await queue.admit("brief", 16, time.monotonic())
-        assert (refused.value.status, refused.value.reason) == (429, "timeout")
-        assert queue.active == 1 and queue.queued == 0
-        assert _sample(
-            queue, "kvscale:admission_rejections_total", reason="timeout", traffic_class="brief"
-        )
-        queue.release(first)
-        assert await queue.wait_idle(0.01)
-
-    _run(scenario)
+    queue = _queue(1, brief)
+    first = await queue.admit(None, 16, 0.0)
+    with pytest.raises(Refused) as refused:
+        await queue.admit("brief", 16, time.monotonic())
+    assert (refused.value.status, refused.value.reason) == (429, "timeout")
+    assert queue.active == 1 and queue.queued == 0
+    assert _sample(
+        queue, "kvscale:admission_rejections_total", reason="timeout", traffic_class="brief"
+    )
+    queue.release(first)
+    assert await queue.wait_idle(0.01)
 
 
-def test_a_client_that_leaves_while_queued_gives_its_place_to_the_next() -> None:
-    async def scenario() -> None:
-        queue = _queue(2)  # a cold queue holds one wave: as many as the limit
-        running = [await queue.admit("fast", 16, time.monotonic()) for _ in range(2)]
-        leaving = asyncio.create_task(queue.admit("fast", 16, time.monotonic()))
-        staying = asyncio.create_task(queue.admit("fast", 16, time.monotonic()))
-        await _until_queued(queue, 2)
-        leaving.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await leaving
-        assert queue.active == 3 and queue.queued == 1
-        queue.release(running[0])
-        queue.release(await staying)
-        queue.release(running[1])
-        assert queue.active == 0 and await queue.wait_idle(0.01)
-
-    _run(scenario)
+async def test_a_client_that_leaves_while_queued_gives_its_place_to_the_next() -> None:
+    queue = _queue(2)  # a cold queue holds one wave: as many as the limit
+    running = [await queue.admit("fast", 16, time.monotonic()) for _ in range(2)]
+    leaving = asyncio.create_task(queue.admit("fast", 16, time.monotonic()))
+    staying = asyncio.create_task(queue.admit("fast", 16, time.monotonic()))
+    await _until_queued(queue, 2)
+    leaving.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await leaving
+    assert queue.active == 3 and queue.queued == 1
+    queue.release(running[0])
+    queue.release(await staying)
+    queue.release(running[1])
+    assert queue.active == 0 and await queue.wait_idle(0.01)
 
 
-def test_a_draining_queue_refuses_with_503() -> None:
-    async def scenario() -> None:
-        queue = _queue(2)
-        queue.controller.start_draining()
-        with pytest.raises(Refused) as refused:
-            await queue.admit("fast", 16, 0.0)
-        assert (refused.value.status, refused.value.reason) == (503, "draining")
-        assert queue.active == 0
-
-    _run(scenario)
+async def test_a_draining_queue_refuses_with_503() -> None:
+    queue = _queue(2)
+    queue.controller.start_draining()
+    with pytest.raises(Refused) as refused:
+        await queue.admit("fast", 16, 0.0)
+    assert (refused.value.status, refused.value.reason) == (503, "draining")
+    assert queue.active == 0
 
 
-def test_a_full_queue_refuses_at_once_with_429() -> None:
+async def test_a_full_queue_refuses_at_once_with_429() -> None:
     one_deep = TrafficClass("one", max_queue=1, max_queue_wait_s=5.0)
-
-    async def scenario() -> None:
-        queue = _queue(1, one_deep)
-        first = await queue.admit(None, 16, 0.0)
-        waiting = asyncio.create_task(queue.admit(None, 16, time.monotonic()))
-        await _until_queued(queue, 1)
-        with pytest.raises(Refused) as refused:
-            await queue.admit(None, 16, time.monotonic())
-        assert (refused.value.status, refused.value.reason) == (429, "queue_full")
-        assert refused.value.retry_after_s >= 1.0
-        queue.release(first)
-        queue.release(await waiting)
-        assert queue.active == 0
-
-    _run(scenario)
+    queue = _queue(1, one_deep)
+    first = await queue.admit(None, 16, 0.0)
+    waiting = asyncio.create_task(queue.admit(None, 16, time.monotonic()))
+    await _until_queued(queue, 1)
+    with pytest.raises(Refused) as refused:
+        await queue.admit(None, 16, time.monotonic())
+    assert (refused.value.status, refused.value.reason) == (429, "queue_full")
+    assert refused.value.retry_after_s >= 1.0
+    queue.release(first)
+    queue.release(await waiting)
+    assert queue.active == 0
 
 
-def test_the_limit_follows_what_requests_used_and_a_higher_limit_starts_queued_ones() -> None:
-    async def scenario() -> None:
-        pool = KvPool(num_blocks=8, block_size=16, max_num_seqs=256)
-        footprint = KvFootprint(max_model_len=128, alpha=1.0)
-        controller = AdmissionController((FAST,), pool.limit(footprint.expected_tokens))
-        queue = AdmissionQueue(controller, EngineMetrics("tiny", 128, ["fast"]), pool, footprint)
-        assert controller.limit == 1  # 8 blocks / (128 tokens / 16) blocks a request
-        first = await queue.admit("fast", 128, 0.0)
-        waiting = asyncio.create_task(queue.admit("fast", 128, time.monotonic()))
-        await _until_queued(queue, 1)
-        first.used_tokens = 16  # the request stayed short: one block
-        queue.release(first)
-        second = await waiting
-        assert controller.limit == 8 and queue.controller.in_flight == 1
-        queue.release(second)
-
-    _run(scenario)
+async def test_the_limit_follows_what_requests_used_and_a_higher_limit_starts_queued_ones() -> None:
+    pool = KvPool(num_blocks=8, block_size=16, max_num_seqs=256)
+    footprint = KvFootprint(max_model_len=128, alpha=1.0)
+    controller = AdmissionController((FAST,), pool.limit(footprint.expected_tokens))
+    queue = AdmissionQueue(controller, EngineMetrics("tiny", 128, ["fast"]), pool, footprint)
+    assert controller.limit == 1  # 8 blocks / (128 tokens / 16) blocks a request
+    first = await queue.admit("fast", 128, 0.0)
+    waiting = asyncio.create_task(queue.admit("fast", 128, time.monotonic()))
+    await _until_queued(queue, 1)
+    first.used_tokens = 16  # the request stayed short: one block
+    queue.release(first)
+    second = await waiting
+    assert controller.limit == 8 and queue.controller.in_flight == 1
+    queue.release(second)
 
 
 @pytest.mark.parametrize(
@@ -187,11 +159,8 @@ def test_for_server_sizes_admission_as_the_settings_ask(
         )
 
 
-def test_admitted_requests_carry_their_class_and_arrival() -> None:
-    async def scenario() -> None:
-        queue = _queue(None, FAST, TrafficClass("slow"))
-        admitted = await queue.admit("slow", 16, 12.5)
-        assert admitted == Admitted(0, TrafficClass("slow"), 12.5)
-        assert (await queue.admit("nonexistent", 16, 13.0)).traffic_class == FAST  # the default
-
-    _run(scenario)
+async def test_admitted_requests_carry_their_class_and_arrival() -> None:
+    queue = _queue(None, FAST, TrafficClass("slow"))
+    admitted = await queue.admit("slow", 16, 12.5)
+    assert admitted == Admitted(0, TrafficClass("slow"), 12.5)
+    assert (await queue.admit("nonexistent", 16, 13.0)).traffic_class == FAST  # the default
