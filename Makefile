@@ -1,5 +1,6 @@
 # kvscale — every entry point a person or CI needs. `make test` and `make demo` set up everything
 # themselves on a fresh machine: a venv in .venv, system packages, and the control-plane binaries.
+# `make test-fresh` proves it: a clean clone in a fresh Debian 12 container (e2e/fresh-machine.sh).
 SHELL := /bin/bash
 PY ?= python3
 VENV := .venv
@@ -7,9 +8,12 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PYTEST := $(BIN)/pytest
 K8S_BIN = $(shell e2e/k8sbin/build.sh)
+# the local cluster (kvscale_cluster) and the demo (kvscale_demo) are not installed: they, and the
+# benchmarks that start a cluster, run from the source tree
+E2E_PATH := PYTHONPATH=$(CURDIR)/e2e
 
 .PHONY: profile prereqs venv system-deps k8s lint typecheck imports crds test test-unit test-engine \
-	test-controlplane test-e2e demo bench cluster-up cluster-down image clean
+	test-controlplane test-e2e test-fresh demo bench cluster-up cluster-down image clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -19,13 +23,16 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
-# What the local cluster needs (Python >= 3.11, Go >= e2e/k8sbin/go.mod's, root): all missing
+# What the tiers need (Python >= 3.11, Go >= e2e/k8sbin/go.mod's, root, and the system packages
+# system-deps installs; FRESH=1 adds Docker's engine and debootstrap for test-fresh): all missing
 # pieces printed at once, before anything is installed or built
 prereqs:
-	@PY=$(PY) e2e/check-prereqs.sh
+	@PY=$(PY) FRESH=$(FRESH) e2e/check-prereqs.sh
 
+# Debian packages: prometheus (promtool for the unit tier, Prometheus for the cluster), iproute2;
+# with FRESH=1 also docker.io and debootstrap
 system-deps:
-	e2e/install-system-deps.sh
+	e2e/install-system-deps.sh $(if $(filter 1,$(FRESH)),--fresh-check)
 
 k8s:
 	e2e/k8sbin/build.sh
@@ -35,7 +42,7 @@ lint: venv
 	$(BIN)/ruff format --check operator engine-image e2e tests bench
 
 typecheck: venv
-	$(BIN)/mypy operator/kvscale engine-image/kvscale_engine engine-image/kvscale_router e2e/kvscale_cluster
+	$(BIN)/mypy operator/kvscale engine-image/kvscale_engine engine-image/kvscale_router e2e/kvscale_cluster e2e/kvscale_demo
 
 imports: venv
 	$(BIN)/lint-imports
@@ -43,7 +50,8 @@ imports: venv
 crds: venv
 	$(BIN)/kvscale crd > crds/llmendpoints.kvscale.io.yaml
 
-test-unit: venv
+# the unit tier checks the alert and recording rules with promtool (system-deps)
+test-unit: venv system-deps
 	$(PYTEST) tests/unit
 
 test-engine: venv
@@ -57,17 +65,23 @@ test-e2e: prereqs venv system-deps k8s
 
 test: prereqs lint typecheck imports test-unit test-engine test-controlplane test-e2e
 
+# a clean clone of HEAD in a fresh Debian 12 container runs FRESH_TARGETS (default: prereqs lint
+# typecheck imports test-unit test-engine); CI runs it after `make test`
+test-fresh:
+	$(MAKE) prereqs system-deps FRESH=1
+	e2e/fresh-machine.sh
+
 demo: prereqs venv system-deps k8s
-	KVSCALE_K8S_BIN=$(K8S_BIN) $(BIN)/python -m kvscale_cluster.demo
+	KVSCALE_K8S_BIN=$(K8S_BIN) $(E2E_PATH) $(BIN)/python -m kvscale_demo
 
 cluster-up: prereqs venv system-deps k8s
-	KVSCALE_K8S_BIN=$(K8S_BIN) $(BIN)/python -m kvscale_cluster up
+	KVSCALE_K8S_BIN=$(K8S_BIN) $(E2E_PATH) $(BIN)/python -m kvscale_cluster up
 
 cluster-down: venv
-	$(BIN)/python -m kvscale_cluster down
+	$(E2E_PATH) $(BIN)/python -m kvscale_cluster down
 
 bench: venv
-	$(BIN)/python -m bench
+	$(E2E_PATH) $(BIN)/python -m bench
 
 # sweep the real engine on this machine into operator/kvscale/profiles/<name>.json
 profile: venv

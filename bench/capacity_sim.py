@@ -21,7 +21,7 @@ from kvscale.sim.plots import write_plots
 from kvscale.sim.profile import load_profile
 from kvscale.sim.report import summarise
 from kvscale.sim.run import Settings
-from kvscale.tools.traces import default_traces_dir
+from kvscale.traces import default_traces_dir
 
 PROFILE = os.environ.get("KVSCALE_SIM_PROFILE", "h200-kvscale-eager")
 PLOTS = Path(__file__).parent / "results" / "capacity_sim"

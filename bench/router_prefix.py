@@ -26,8 +26,8 @@ from bench.router_overhead import pct, router_server
 from bench.serving import engine_server
 from kvscale.tools import loadtest
 from kvscale.tools.client import Target
-from kvscale.tools.traces import LengthPolicy, load_mooncake
 from kvscale.tools.workload import MOONCAKE_TICK_S, plan, replay_arrivals
+from kvscale.traces import LengthPolicy, load_mooncake
 from kvscale_engine.engine.checkpoint import write_tiny_checkpoint
 from kvscale_engine.model_config import NAMED_ARCHS
 

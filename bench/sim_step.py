@@ -21,7 +21,7 @@ from kvscale.sim.profile import load_profile
 from kvscale.sim.recorder import quantile_rows
 from kvscale.sim.report import policy_summary
 from kvscale.sim.run import Settings, limits_for, simulate, targets_for
-from kvscale.tools.traces import default_traces_dir
+from kvscale.traces import default_traces_dir
 
 STEPS = (0.25, 1.0, 2.0, 5.0)
 

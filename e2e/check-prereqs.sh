@@ -4,7 +4,11 @@
 #   - Python >= 3.11 ($PY, default python3) with venv, for .venv;
 #   - a Go toolchain at least as new as e2e/k8sbin/go.mod's `go` line, unless the control-plane
 #     binaries are already built in the cache;
-#   - root: the local cluster puts pods in network namespaces (ip netns, veth, a bridge).
+#   - root: the local cluster puts pods in network namespaces (ip netns, veth, a bridge), and
+#     `make system-deps` installs Debian packages.
+# The system packages that `make system-deps` installs (Prometheus for promtool and the cluster,
+# iproute2; with FRESH=1 Docker's engine and debootstrap for `make test-fresh`) are named too: as
+# a note when this machine can install them itself (root and apt-get), else as missing.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-python3}
@@ -40,6 +44,17 @@ fi
 
 if [ "$(id -u)" != 0 ]; then
   missing+=("root: the local cluster runs pods in network namespaces (run: sudo make ...)")
+fi
+
+fresh_flag=()
+[ "${FRESH:-0}" = 1 ] && fresh_flag=(--fresh-check)
+packages=$(e2e/install-system-deps.sh --list "${fresh_flag[@]}")
+if [ -n "$packages" ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "System packages to install (make system-deps does it): $packages" >&2
+  else
+    missing+=("system packages: $packages (apt-get install -y $packages, as root)")
+  fi
 fi
 
 if [ "${#missing[@]}" -gt 0 ]; then

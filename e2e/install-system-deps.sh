@@ -1,12 +1,37 @@
 #!/usr/bin/env bash
-# Installs the system packages the local cluster needs: Prometheus (Debian's package, started by
-# the launcher, never as a service), iproute2 (`ip netns`, veth, bridge for pod networking) and a
-# Go toolchain check for building the control plane. Idempotent: does nothing when all are present.
+# Installs the system packages the tiers need: Prometheus (Debian's package: `promtool` for the
+# unit tier's rule tests, `prometheus` started by the cluster launcher, never as a service),
+# iproute2 (`ip netns`, veth, bridge for pod networking) and the CA bundle. With `--fresh-check`
+# also Docker's engine and debootstrap, which the fresh-machine check (`make test-fresh`) needs.
+# Idempotent: does nothing when all are present. Python, Go and root are checked by
+# e2e/check-prereqs.sh (`make prereqs`), not installed.
+#
+# Usage: e2e/install-system-deps.sh [--fresh-check] [--list]
+#   --list  print the missing packages (one line, space-separated) and install nothing
 set -euo pipefail
+fresh=0 list=0
+for arg in "$@"; do
+  case "$arg" in
+    --fresh-check) fresh=1 ;;
+    --list) list=1 ;;
+    *) echo "usage: $0 [--fresh-check] [--list]" >&2; exit 2 ;;
+  esac
+done
+
+have() { command -v "$1" >/dev/null 2>&1 || [ -x "/usr/bin/$1" ] || [ -x "/usr/sbin/$1" ]; }
 need=()
-command -v prometheus >/dev/null 2>&1 || [ -x /usr/bin/prometheus ] || need+=(prometheus)
-command -v ip >/dev/null 2>&1 || need+=(iproute2)
-command -v openssl >/dev/null 2>&1 || need+=(ca-certificates)
+{ have prometheus && have promtool; } || need+=(prometheus)
+have ip || need+=(iproute2)
+[ -s /etc/ssl/certs/ca-certificates.crt ] || need+=(ca-certificates)
+if [ "$fresh" = 1 ]; then
+  have dockerd || need+=(docker.io)
+  have debootstrap || need+=(debootstrap)
+fi
+
+if [ "$list" = 1 ]; then
+  echo "${need[*]}"
+  exit 0
+fi
 if [ "${#need[@]}" -gt 0 ]; then
   if [ "$(id -u)" != 0 ]; then
     echo "Missing system packages: ${need[*]}; run as root: apt-get install -y ${need[*]}" >&2
@@ -17,12 +42,13 @@ if [ "${#need[@]}" -gt 0 ]; then
   apt-get update -qq
   # --no-install-recommends: we want the binary, not the exporters it recommends
   apt-get install -y -qq --no-install-recommends "${need[@]}" >&2
-  # Debian starts the packaged service; the launcher runs its own Prometheus per cluster
-  if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet prometheus 2>/dev/null; then
-    systemctl disable --now prometheus >/dev/null 2>&1 || true
+  # Debian starts the packaged services; the launcher runs its own Prometheus per cluster and
+  # the fresh-machine check its own dockerd (no bridge, no iptables)
+  if command -v systemctl >/dev/null 2>&1; then
+    for service in prometheus docker; do
+      if systemctl is-active --quiet "$service" 2>/dev/null; then
+        systemctl disable --now "$service" >/dev/null 2>&1 || true
+      fi
+    done
   fi
-fi
-if ! command -v go >/dev/null 2>&1 && [ ! -x /usr/local/go/bin/go ]; then
-  echo "Go (>= 1.25) is needed to build the control plane (e2e/k8sbin/build.sh); none found" >&2
-  exit 1
 fi

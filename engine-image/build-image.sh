@@ -24,53 +24,25 @@ OPERATOR_IMAGE=kvscale/operator:$VERSION
 SUITE=bookworm
 DEBOOTSTRAP_BASE=kvscale/debian-base:$SUITE
 BASE_IMAGE=${BASE_IMAGE:-$DEBOOTSTRAP_BASE}
-DEBIAN_MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 CA_BUNDLE=${CA_BUNDLE:-/etc/ssl/certs/ca-certificates.crt}
 WORK=build/engine-image
 export DOCKER_BUILDKIT=0  # the classic builder: Debian's docker.io ships without buildx
 
 log() { printf '[build-image] %s\n' "$*" >&2; }
 
-wait_for_docker() {
-    for _ in $(seq 1 120); do
-        docker info >/dev/null 2>&1 && return 0
-        sleep 0.5
-    done
-    log "Docker did not come up; see $WORK/dockerd.log"
-    return 1
-}
-
-ensure_dockerd() {
-    docker info >/dev/null 2>&1 && return 0
-    command -v dockerd >/dev/null || { log "dockerd not found: apt-get install docker.io"; exit 1; }
-    log "Started dockerd (no bridge, no iptables)"
-    mkdir -p "$WORK"
-    nohup dockerd --bridge=none --iptables=false >"$WORK/dockerd.log" 2>&1 &
-    wait_for_docker
-}
+# shellcheck source=../e2e/docker.sh
+source e2e/docker.sh
 
 ensure_debootstrap_base() {
     [[ "$BASE_IMAGE" == "$DEBOOTSTRAP_BASE" ]] || return 0
-    docker image inspect "$DEBOOTSTRAP_BASE" >/dev/null 2>&1 && return 0
-    command -v debootstrap >/dev/null || { log "debootstrap not found: apt-get install debootstrap"; exit 1; }
-    local rootfs="$WORK/rootfs"
-    rm -rf "$rootfs"
-    log "Bootstrapped Debian $SUITE into $rootfs"
-    debootstrap --variant=minbase --include=python3,python3-venv,ca-certificates \
-        "$SUITE" "$rootfs" "$DEBIAN_MIRROR" >"$WORK/debootstrap.log"
-    rm -rf "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/lib/apt/lists/*
-    tar -C "$rootfs" -c . | docker import \
-        --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
-        --change 'CMD ["/bin/bash"]' - "$DEBOOTSTRAP_BASE" >/dev/null
-    rm -rf "$rootfs"
-    log "Imported $DEBOOTSTRAP_BASE"
+    ensure_debian_image "$DEBOOTSTRAP_BASE" "$SUITE" python3,python3-venv,ca-certificates
 }
 
 stage_context() {
     # Only the files git knows about (tracked or not ignored): never .venv or build outputs.
     local ctx="$WORK/context"
     rm -rf "$ctx" && mkdir -p "$ctx"
-    git ls-files -co --exclude-standard -- pyproject.toml README.md operator engine-image e2e \
+    git ls-files -co --exclude-standard -- pyproject.toml README.md operator engine-image \
         | tar -c -T - | tar -x -C "$ctx"
     cp "$CA_BUNDLE" "$ctx/ca-bundle.crt"
     echo "$ctx"

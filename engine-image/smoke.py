@@ -1,8 +1,9 @@
 """Smoke-runs the built engine image as the operator's pods run it: an engine and a router.
 
-`python engine-image/smoke.py [--image kvscale/engine:<version>]` (after `make image`, with the
-Docker engine running) starts one engine container on a tiny checkpoint and one router container
-of the same image (`--entrypoint kvscale-router`) in front of it, both on the host's loopback;
+`PYTHONPATH=e2e python engine-image/smoke.py [--image kvscale/engine:<version>]` (after
+`make image`, with the Docker engine running; e2e/ holds kvscale_cluster, for free_port) starts
+one engine container on a tiny checkpoint and one router container of the same image
+(`--entrypoint kvscale-router`) in front of it, both on the host's loopback;
 sends a completion to the engine, a completion and a streamed chat through the router, reads
 both `/metrics`, drains the engine through its admin port, stops both with `docker stop`, and
 writes what it saw to bench/results/engine_image_smoke.json. Exits non-zero when a step fails.

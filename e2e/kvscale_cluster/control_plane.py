@@ -16,6 +16,7 @@ import ssl
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from . import process
 from .pki import Pki
@@ -88,11 +89,22 @@ def _get(url: str, token: str | None = None, ca: Path | None = None) -> bool:
         return False
 
 
-def _ensure_running(component: process.Component) -> None:
-    if not process.alive(component.pid):
-        raise GiveUp(
-            f"{component.name} exited during start-up; its log ends:\n{process.tail(component.log)}"
-        )
+def _wait_healthy(
+    component: process.Component,
+    url: str,
+    timeout: float,
+    token: str | None = None,
+    ca: Path | None = None,
+) -> None:
+    """Wait until ``url`` answers 200; give up at once if ``component`` exits."""
+
+    def healthy() -> bool:
+        if not process.alive(component.pid):
+            log = process.tail(component.log)
+            raise GiveUp(f"{component.name} exited during start-up; its log ends:\n{log}")
+        return _get(url, token, ca)
+
+    wait_for(healthy, timeout, f"{component.name} {urlsplit(url).path}")
 
 
 def allocate(api_host: str, service_cidr: str) -> Endpoints:
@@ -120,12 +132,7 @@ def start_etcd(bin_dir: Path, data: Path, logs: Path, ep: Endpoints) -> process.
         "--quota-backend-bytes=2147483648",
     ]
     etcd = process.start("etcd", argv, logs)
-
-    def healthy() -> bool:
-        _ensure_running(etcd)
-        return _get(f"{ep.etcd_url}/health")
-
-    wait_for(healthy, 30, "etcd /health")
+    _wait_healthy(etcd, f"{ep.etcd_url}/health", 30)
     return etcd
 
 
@@ -174,12 +181,7 @@ def start_apiserver(
         "--v=1",
     ]
     apiserver = process.start("kube-apiserver", argv, logs)
-
-    def ready() -> bool:
-        _ensure_running(apiserver)
-        return _get(f"{ep.api_url}/readyz", pki.admin_token, pki.ca_cert)
-
-    wait_for(ready, 60, "kube-apiserver /readyz")
+    _wait_healthy(apiserver, f"{ep.api_url}/readyz", 60, pki.admin_token, pki.ca_cert)
     return apiserver
 
 
@@ -226,9 +228,4 @@ def start_controllers(
 def wait_controllers(kcm: process.Component, scheduler: process.Component, ep: Endpoints) -> None:
     """Wait until the controller manager and the scheduler answer /healthz."""
     for component, port in ((kcm, ep.controller_manager_port), (scheduler, ep.scheduler_port)):
-
-        def healthy(component: process.Component = component, port: int = port) -> bool:
-            _ensure_running(component)
-            return _get(f"https://127.0.0.1:{port}/healthz")
-
-        wait_for(healthy, 60, f"{component.name} /healthz")
+        _wait_healthy(component, f"https://127.0.0.1:{port}/healthz", 60)

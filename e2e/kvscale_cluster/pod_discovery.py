@@ -12,10 +12,11 @@ from __future__ import annotations
 import argparse
 import json
 import re
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from .body_handler import BodyHandler
 from .kube_api import KubeApi, Obj
 
 META = "__meta_kubernetes_"
@@ -79,20 +80,13 @@ def target_groups(pods: list[Obj]) -> list[dict[str, Any]]:
 
 
 def serve(api: KubeApi, host: str, port: int) -> None:
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(BodyHandler):
         def do_GET(self) -> None:
             if self.path != "/targets":
                 self.send_error(404)
                 return
             body = json.dumps(target_groups(api.get("/api/v1/pods")["items"])).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, format: str, *args: object) -> None:
-            return
+            self.reply(body, "application/json")
 
     ThreadingHTTPServer((host, port), Handler).serve_forever()
 

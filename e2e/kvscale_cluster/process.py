@@ -12,6 +12,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+# e2e/, which holds this package: the harness is not in the wheel, so the components it starts
+# with `python -m kvscale_cluster.<module>` (and the pods those start) find it on PYTHONPATH
+HARNESS_PATH = str(Path(__file__).resolve().parents[1])
+
 
 @dataclass(frozen=True)
 class Component:
@@ -29,7 +33,8 @@ def start(
     env: Mapping[str, str] | None = None,
     cwd: Path | None = None,
 ) -> Component:
-    """Start ``argv`` in a new session (so a new process group), output appended to its log."""
+    """Start ``argv`` in a new session (so a new process group), output appended to its log;
+    ``env`` defaults to this process's, and the harness is on its PYTHONPATH."""
     log_dir.mkdir(parents=True, exist_ok=True)
     log = log_dir / f"{name}.log"
     with log.open("ab") as out:
@@ -38,11 +43,19 @@ def start(
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=subprocess.STDOUT,
-            env=dict(env) if env is not None else None,
+            env=with_harness(os.environ if env is None else env),
             cwd=cwd,
             start_new_session=True,
         )
     return Component(name=name, pid=proc.pid, log=log)
+
+
+def with_harness(env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` with the harness's folder last on PYTHONPATH (where it is not there yet)."""
+    paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if HARNESS_PATH in paths:
+        return dict(env)
+    return {**env, "PYTHONPATH": os.pathsep.join([*paths, HARNESS_PATH])}
 
 
 def alive(pid: int) -> bool:

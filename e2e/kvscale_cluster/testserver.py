@@ -15,12 +15,14 @@ import signal
 import sys
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 from types import FrameType
 
+from .body_handler import BodyHandler
 
-class Handler(BaseHTTPRequestHandler):
+
+class Handler(BodyHandler):
     server: Server
 
     def do_GET(self) -> None:
@@ -41,12 +43,7 @@ class Handler(BaseHTTPRequestHandler):
         if body is None:
             self.send_error(404)
             return
-        data = body.encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "text/plain; version=0.0.4")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        self.reply(body.encode(), "text/plain; version=0.0.4")
 
     def log_message(self, format: str, *args: object) -> None:
         sys.stdout.write(f"{self.address_string()} {format % args}\n")

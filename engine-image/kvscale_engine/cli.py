@@ -30,6 +30,9 @@ from kvscale_engine.config import ConfigError, EngineConfig
 from kvscale_engine.server.admission import AdmissionConfigError, parse_traffic_classes
 
 log = logging.getLogger("kvscale_engine")
+# uvicorn's default closes an idle connection after 5 s, while a client may reuse it for longer
+# (the router's pool: 15 s; httpx: 5 s, a close and a request can cross): servers outlast clients
+KEEP_ALIVE_S = 620.0
 
 # flag -> EngineConfig field; unset flags keep EngineConfig's defaults
 _ENGINE_FLAGS: dict[str, tuple[str, type]] = {
@@ -43,6 +46,7 @@ _ENGINE_FLAGS: dict[str, tuple[str, type]] = {
     "device": ("--device", str),
     "dtype": ("--dtype", str),
     "seed": ("--seed", int),
+    "decode_attention": ("--decode-attention", str),
 }
 
 
@@ -60,6 +64,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None
     )
+    serve.add_argument(
+        "--enforce-eager", action="store_true", default=None,
+        help="run every step eagerly (no CUDA graphs for decode steps)",
+    )  # fmt: skip
     serve.add_argument(
         "--traffic-classes",
         help='JSON list: [{"name": "interactive", "priority": 10, "maxQueueWaitSeconds": 2,'
@@ -84,6 +92,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="port of POST /drain, GET /drain, POST /undrain (0: no admin port)",
     )  # fmt: skip
     serve.add_argument("--max-body-bytes", type=int, default=4 * 1024 * 1024)
+    serve.add_argument(
+        "--keep-alive-timeout", type=float, default=KEEP_ALIVE_S,
+        help="seconds an idle client connection is kept: longer than the clients' own idle "
+        "timeout (the router's pool keeps 15 s), so a reused connection is never closed under "
+        "a request",
+    )  # fmt: skip
     serve.add_argument("--log-level", default="info")
     tiny = sub.add_parser("tiny-checkpoint", help="write the tiny seeded test checkpoint")
     tiny.add_argument("path", type=Path)
@@ -98,6 +112,8 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
     }
     if args.enable_prefix_caching is not None:
         fields["enable_prefix_caching"] = args.enable_prefix_caching
+    if args.enforce_eager:
+        fields["enforce_eager"] = True
     return EngineConfig(model=args.model, **fields)
 
 
@@ -133,6 +149,7 @@ def build_server(args: argparse.Namespace) -> DrainingServer:
         log_level=args.log_level,
         access_log=False,
         timeout_graceful_shutdown=max(1, int(args.drain_timeout) + 5),
+        timeout_keep_alive=int(args.keep_alive_timeout),
     )
     return DrainingServer(config, app.state, server_cfg)
 

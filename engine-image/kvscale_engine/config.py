@@ -13,6 +13,7 @@ from typing import Literal
 SchedulingMode = Literal["continuous", "static"]
 DType = Literal["auto", "float32", "bfloat16", "float16"]
 AttentionBackend = Literal["auto", "reference", "flex"]
+DecodeAttention = Literal["auto", "reference", "triton"]  # auto: triton on CUDA
 
 DUMMY_PREFIX = "dummy:"
 
@@ -36,6 +37,8 @@ class EngineConfig:
     dtype: DType = "auto"
     seed: int = 0
     attention_backend: AttentionBackend = "auto"
+    decode_attention: DecodeAttention = "auto"
+    enforce_eager: bool = False  # no CUDA graphs for decode steps
     priority_aging_steps: int = 100
 
     def __post_init__(self) -> None:
@@ -75,6 +78,10 @@ class EngineConfig:
         _require(
             self.attention_backend in ("auto", "reference", "flex"),
             f"attention_backend must be auto, reference or flex, got {self.attention_backend!r}",
+        )
+        _require(
+            self.decode_attention in ("auto", "reference", "triton"),
+            f"decode_attention must be auto, reference or triton, got {self.decode_attention!r}",
         )
         _require(
             self.priority_aging_steps >= 1,

@@ -26,6 +26,11 @@ CLASSES_HELP = (
     'JSON: [{"name": "interactive", "priority": 10, "maxConcurrency": 64, "maxQueue": 128, '
     '"maxQueueWaitSeconds": 2}, ...]; the first is the default class'
 )
+# uvicorn closes an idle keep-alive connection after 5 s, exactly when httpx (the openai client)
+# considers it still reusable: a request sent on it as the close crosses it fails with "Server
+# disconnected" before the router sees it. Servers keep idle connections longer than clients
+# and load balancers do (AWS ALB 60 s, Go 90 s; 620 s is GCP's advice for its balancers).
+KEEP_ALIVE_S = 620.0
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
 
@@ -55,6 +60,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--traffic-classes", help=CLASSES_HELP)
     p.add_argument("--drain-seconds", type=float, default=30.0,
                    help="on SIGTERM, how long in-flight requests may finish")  # fmt: skip
+    p.add_argument("--keep-alive-seconds", type=float, default=KEEP_ALIVE_S,
+                   help="an idle client connection is kept this long (longer than any "
+                   "client's or load balancer's idle timeout, so a reused connection is never "
+                   "closed under a request)")  # fmt: skip
     p.add_argument("--log-level", default="info")
     return p
 
@@ -105,6 +114,7 @@ def main(argv: list[str] | None = None) -> None:
             app, host=args.host, port=args.port, loop="uvloop", http="httptools",
             access_log=False, log_level=args.log_level,
             timeout_graceful_shutdown=int(args.drain_seconds),
+            timeout_keep_alive=int(args.keep_alive_seconds),
         )
     )  # fmt: skip
     server.run()

@@ -1,5 +1,6 @@
 """`pip install 'kvscale[operator]'` in a clean venv runs the operator, without torch or the tools;
-`pip install 'kvscale[router]'` runs the router, without torch.
+`pip install 'kvscale[router]'` runs the router, without torch; the wheel holds the operator, the
+engine and the router, and not the local cluster harness or the demo (e2e/).
 
 A real install from the source tree (dependencies from the package index; pip's cache is fine):
 what the operator image installs, and what a user who only wants the operator gets.
@@ -11,6 +12,7 @@ import json
 import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -27,9 +29,8 @@ def run(*argv: str | Path, check: bool = True) -> subprocess.CompletedProcess[st
     return done
 
 
-def _venv_with(extra: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A fresh venv with `kvscale[<extra>]` installed from a copy of the source tree."""
-    work = tmp_path_factory.mktemp(f"packaging-{extra}")
+def _source_copy(work: Path) -> Path:
+    """A copy of the source tree in `work`, so that a build writes nothing into the checkout."""
     src = work / "src"
     ignore = shutil.ignore_patterns("__pycache__", "*.egg-info", "build", ".mypy_cache")
     for name in SOURCES:
@@ -39,6 +40,13 @@ def _venv_with(extra: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
         else:
             src.mkdir(exist_ok=True)
             shutil.copy(path, src / name)
+    return src
+
+
+def _venv_with(extra: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fresh venv with `kvscale[<extra>]` installed from a copy of the source tree."""
+    work = tmp_path_factory.mktemp(f"packaging-{extra}")
+    src = _source_copy(work)
     venv = work / "venv"
     run(sys.executable, "-m", "venv", venv)
     run(
@@ -49,6 +57,19 @@ def _venv_with(extra: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
         f"{src}[{extra}]",
     )
     return venv
+
+
+def test_the_wheel_holds_operator_engine_and_router_not_the_harness(tmp_path: Path) -> None:
+    src = _source_copy(tmp_path)
+    assert (src / "e2e" / "kvscale_cluster").is_dir() and (src / "e2e" / "kvscale_demo").is_dir()
+    dist = tmp_path / "dist"
+    pip = (sys.executable, "-m", "pip", "--disable-pip-version-check")
+    run(*pip, "wheel", "--quiet", "--no-deps", "--no-build-isolation", "--wheel-dir", dist, src)
+    (wheel,) = dist.glob("kvscale-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    top = {name.split("/")[0] for name in names if ".dist-info/" not in name}
+    assert top == {"kvscale", "kvscale_engine", "kvscale_router"}, top
+    assert any(n.startswith("kvscale/profiles/") and n.endswith(".json") for n in names)
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -27,6 +27,7 @@ from kvscale.signals.prometheus import PrometheusSource, Queries
 from kvscale.signals.snapshot import Problem, Snapshot
 from kvscale.signals.source import PodAddress, Target
 from kvscale_cluster import process
+from kvscale_cluster.body_handler import BodyHandler
 from kvscale_cluster.ports import free_port
 from kvscale_cluster.prometheus import prometheus_binary
 from kvscale_cluster.wait import GiveUp, wait_for
@@ -74,19 +75,11 @@ def serving(exporters: list[Exporter]) -> Iterator[None]:
     servers = []
     for exporter in exporters:
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(BodyHandler):
             render = staticmethod(exporter.render)
 
             def do_GET(self) -> None:
-                body = self.render().encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, format: str, *args: object) -> None:
-                return
+                self.reply(self.render().encode(), "text/plain; version=0.0.4")
 
         server = ThreadingHTTPServer(("127.0.0.1", exporter.port), Handler)
         threading.Thread(target=server.serve_forever, daemon=True).start()

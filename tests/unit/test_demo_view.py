@@ -7,9 +7,9 @@ from pathlib import Path
 
 from rich.console import Console
 
-from kvscale_cluster.demo_timeline import phases, plot
-from kvscale_cluster.demo_view import BARS, SPARK_WIDTH, Frame, render, sparkline
-from kvscale_cluster.demo_watch import Sample, from_status
+from kvscale_demo.timeline import phases, plot
+from kvscale_demo.view import BARS, SPARK_WIDTH, Frame, render, sparkline
+from kvscale_demo.watch import Sample, from_status
 
 STATUS = {
     "desiredReplicas": 3,

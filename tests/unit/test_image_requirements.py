@@ -19,7 +19,9 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "engine-image" / "requirements.py"
 PYPROJECT = ROOT / "pyproject.toml"
 OWN = {"kvscale_engine", "kvscale_router"}
-INSTALLED_BEFORE = {"torch"}  # the Dockerfile installs torch first, by variant
+# the Dockerfile installs torch first, by variant; triton comes with its CUDA wheels and is
+# imported only for decodes on CUDA (kvscale_engine.layers.paged_decode)
+INSTALLED_BEFORE = {"torch", "triton"}
 
 
 def _script() -> ModuleType:

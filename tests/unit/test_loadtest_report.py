@@ -15,8 +15,8 @@ from kvscale.tools.report import (
     server_view,
     summarize,
 )
-from kvscale.tools.traces import TraceError
 from kvscale.tools.workload import PlannedRequest
+from kvscale.traces import TraceError
 
 
 def record(index: int, ttft: float, tokens: int, gap: float, start: float = 0.0,

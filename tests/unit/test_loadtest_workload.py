@@ -9,15 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from kvscale.tools.traces import (
-    LengthPolicy,
-    TraceError,
-    TraceRequest,
-    default_traces_dir,
-    load_trace,
-    select,
-    synthetic,
-)
 from kvscale.tools.workload import (
     gamma_arrivals,
     parse_class_mix,
@@ -25,6 +16,15 @@ from kvscale.tools.workload import (
     replay_arrivals,
     text_prompt,
     token_prompt,
+)
+from kvscale.traces import (
+    LengthPolicy,
+    TraceError,
+    TraceRequest,
+    default_traces_dir,
+    load_trace,
+    select,
+    synthetic,
 )
 
 

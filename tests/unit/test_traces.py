@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from kvscale.tools import traces
-from kvscale.tools.traces import PublicTrace, TraceError, download, load_trace
+from kvscale import traces
+from kvscale.traces import PublicTrace, TraceError, download, load_trace
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "traces"
 CONV = SAMPLE / traces.TRACE_FILES["azure-conv"]

@@ -2,16 +2,22 @@
 
 At start it loads the model, sizes the KV pool from the memory budget (device memory, weights, and
 the activation peak measured over a profiling pass) and allocates one flat K and V tensor per
-layer.
+layer. Decodes run through the Triton paged-decode kernel on CUDA and, unless --enforce-eager,
+replay a CUDA graph per batch-size bucket (`cuda_graphs.py`, `graph_runner.py`); prefill and mixed
+steps run eager. The CPU keeps the reference attention.
 """
 
 from __future__ import annotations
 
+import functools
+import itertools
 import math
+from typing import TYPE_CHECKING
 
 import torch
 
 from kvscale_engine.config import EngineConfig
+from kvscale_engine.engine.cuda_graphs import GraphPlan, Replay, pad_decode
 from kvscale_engine.engine.device_memory import measure_peak, total_bytes
 from kvscale_engine.engine.loader import load_model
 from kvscale_engine.engine.memory_budget import (
@@ -22,9 +28,12 @@ from kvscale_engine.engine.memory_budget import (
 )
 from kvscale_engine.engine.scheduler import ScheduledBatch, ScheduledSeq
 from kvscale_engine.layers.attention import BlockMaskFn, SeqSpan, build_metadata
-from kvscale_engine.layers.sampler import SampleRequest, sample
+from kvscale_engine.layers.sampler import SampleRequest, sample, to_device
 from kvscale_engine.model_config import ModelConfig
 from kvscale_engine.models.llama import KVCache
+
+if TYPE_CHECKING:
+    from kvscale_engine.engine.graph_runner import DecodeGraphs
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -39,32 +48,34 @@ class ModelRunner:
         self.block_mask_fn: BlockMaskFn | None = None
         if _use_flex(config, self.device):
             self._install_flex()
+        self.paged_decode = _use_paged_decode(config, self.device)
+        if self.paged_decode:
+            self._install_paged_decode()
         self.budget: MemoryBudget | None = None
         if config.num_kv_blocks is None:
             self.budget = self._measure_budget()
         self.num_kv_blocks = (
             plan_num_blocks(config, self.budget) if self.budget else (config.num_kv_blocks or 0)
         )
-        self.kv_caches = self._allocate_kv(self.num_kv_blocks)
+        self.graph_plan: GraphPlan | None = None
+        self.graphs: DecodeGraphs | None = None
+        if self.paged_decode and not config.enforce_eager and self.device.type == "cuda":
+            self._capture_graphs()
+        else:
+            self.kv_caches = self._allocate_kv(self.num_kv_blocks)
         self.generator = torch.Generator(device=self.device).manual_seed(config.seed)
 
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> list[int]:
         """One forward over the batch; a token for each sequence that samples, in batch order."""
         items = sorted(batch.seqs, key=lambda s: s.num_new_tokens != 1)  # decodes first
-        input_ids, positions = self._inputs(items)
-        spans = [SeqSpan(i.start, i.num_new_tokens, i.seq.block_table) for i in items]
-        meta = build_metadata(
-            spans,
-            self.config.block_size,
-            self.model_cfg.sliding_window,
-            self.device,
-            self.block_mask_fn,
-        )
-        hidden = self.model(input_ids, positions, self.kv_caches, meta)
-        ends = torch.tensor([i.num_new_tokens for i in items]).cumsum(0) - 1
+        hidden = self._replay(items) if self.graphs is not None else None
+        if hidden is None:  # eager
+            hidden = self._forward(items)
+        ends = list(itertools.accumulate(i.num_new_tokens for i in items))
         sampling = [n for n, i in enumerate(items) if i.samples]
-        logits = self.model.compute_logits(hidden[ends[sampling].to(self.device)]).float()
+        last = to_device([ends[n] - 1 for n in sampling], torch.long, self.device)
+        logits = self.model.compute_logits(hidden.index_select(0, last)).float()
         requests = [
             SampleRequest(items[n].seq.params, items[n].seq.num_output_tokens) for n in sampling
         ]
@@ -76,6 +87,46 @@ class ModelRunner:
             )
         )
         return [tokens[id(i)] for i in batch.seqs if i.samples]
+
+    def _forward(self, items: list[ScheduledSeq]) -> torch.Tensor:
+        input_ids, positions = self._inputs(items)
+        spans = [SeqSpan(i.start, i.num_new_tokens, i.seq.block_table) for i in items]
+        meta = build_metadata(
+            spans,
+            self.config.block_size,
+            self.model_cfg.sliding_window,
+            self.device,
+            self.block_mask_fn,
+            self.paged_decode,
+        )
+        out: torch.Tensor = self.model(input_ids, positions, self.kv_caches, meta)
+        return out
+
+    def _replay(self, items: list[ScheduledSeq]) -> torch.Tensor | None:
+        """A pure decode step within the captured sizes replays its bucket's graph."""
+        assert self.graph_plan is not None
+        new = [i.num_new_tokens for i in items]
+        if self.graph_plan.decide(new, [i.end for i in items], True) is not Replay.REPLAY:
+            return None
+        ids = [i.seq.token_ids[i.start] for i in items]
+        rows = pad_decode(
+            self.graph_plan, ids, [i.start for i in items], [i.seq.block_table for i in items]
+        )
+        assert self.graphs is not None
+        return self.graphs.replay(rows)
+
+    def _capture_graphs(self) -> None:
+        """One extra KV block holds the padding rows' writes; then capture every bucket."""
+        from kvscale_engine.engine.graph_runner import DecodeGraphs
+
+        c = self.config
+        plan = GraphPlan.of(c.max_num_seqs, c.max_model_len, c.block_size, self.num_kv_blocks)
+        self.kv_caches = self._allocate_kv(self.num_kv_blocks + 1)
+        self.graph_plan, self.graphs = (
+            plan,
+            DecodeGraphs(self.model, self.kv_caches, plan, self.device),
+        )
+        self.graphs.capture()
 
     def _inputs(self, items: list[ScheduledSeq]) -> tuple[torch.Tensor, torch.Tensor]:
         ids = [t for i in items for t in i.seq.token_ids[i.start : i.end]]
@@ -137,6 +188,16 @@ class ModelRunner:
             torch.cuda.empty_cache()
         return peak.bytes
 
+    def _install_paged_decode(self) -> None:
+        from kvscale_engine.layers.attention import PagedAttention
+        from kvscale_engine.layers.paged_decode import paged_decode
+
+        window = self.model_cfg.sliding_window
+        decode = functools.partial(paged_decode, block_size=self.config.block_size, window=window)
+        for module in self.model.modules():
+            if isinstance(module, PagedAttention):
+                module.decode_fn = decode
+
     def _install_flex(self) -> None:
         """FlexAttention for prefill; compiled on CUDA (eager on CPU, where tests check masks)."""
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
@@ -161,6 +222,13 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     if name == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     return DTYPES[name]
+
+
+def _use_paged_decode(config: EngineConfig, device: torch.device) -> bool:
+    """Triton decode on CUDA; on the CPU only when asked (tests, under Triton's interpreter)."""
+    if config.decode_attention == "auto":
+        return device.type == "cuda"
+    return config.decode_attention == "triton"
 
 
 def _use_flex(config: EngineConfig, device: torch.device) -> bool:

@@ -5,6 +5,8 @@ offset. A step writes its new K/V at `slot_mapping`, then attends over each sequ
 
 - `reference` (CPU and GPU): decodes batched into one SDPA call over gathered, padded contexts;
   each prefill chunk its own SDPA call (plain causal when the chunk is the whole context).
+- paged decode (CUDA, `paged_decode.py`): when the runner installs it, decodes read K/V through
+  their block tables in a Triton kernel instead of the gathered SDPA call; no gather, no mask.
 - `flex` (CUDA): decodes as above; all prefill chunks in one FlexAttention call over the packed
   chunks with a block-sparse mask that keeps each query inside its own sequence and causal
   (compiled, dynamic shapes). Decodes stay on SDPA: a 128-row query tile of 128 different
@@ -22,6 +24,7 @@ import torch.nn.functional as F
 
 FLEX_PAD = 128
 BlockMaskFn = Callable[..., Any]  # torch's create_block_mask, compiled on CUDA
+DecodeFn = Callable[..., torch.Tensor]  # paged_decode with block size and window bound
 
 
 @dataclass(frozen=True)
@@ -51,6 +54,8 @@ class AttentionMetadata:
     num_decodes: int = 0
     decode_kv_index: torch.Tensor | None = None
     decode_mask: torch.Tensor | None = None
+    decode_block_tables: torch.Tensor | None = None  # paged decode: [decodes, max_blocks]
+    decode_context_lens: torch.Tensor | None = None  # paged decode: [decodes]
     prefills: list[PrefillSpan] = field(default_factory=list)
     flex: FlexInputs | None = None
 
@@ -72,8 +77,10 @@ def build_metadata(
     window: int | None,
     device: torch.device,
     block_mask_fn: BlockMaskFn | None = None,
+    paged_decode: bool = False,
 ) -> AttentionMetadata:
-    """`spans` lists decodes (one token) first, then prefill chunks; flex given a mask builder."""
+    """`spans` lists decodes (one token) first, then prefill chunks; flex given a mask builder;
+    decodes as block tables and context lengths for the paged kernel when `paged_decode`."""
     tables = [torch.tensor(s.block_table, dtype=torch.long) for s in spans]
     positions = [torch.arange(s.start, s.end) for s in spans]
     slots = torch.cat([slots_of(t, p, block_size) for t, p in zip(tables, positions, strict=True)])
@@ -81,7 +88,7 @@ def build_metadata(
     decodes = [i for i, s in enumerate(spans) if s.num_tokens == 1]
     meta.num_decodes = len(decodes)
     if decodes:
-        _decode_inputs(meta, [spans[i] for i in decodes], block_size, window, device)
+        _decode_inputs(meta, [spans[i] for i in decodes], block_size, window, device, paged_decode)
     n = len(decodes)
     if block_mask_fn is not None and n < len(spans):
         meta.flex = _flex_inputs(
@@ -101,14 +108,19 @@ def _decode_inputs(
     block_size: int,
     window: int | None,
     device: torch.device,
+    paged_decode: bool,
 ) -> None:
     max_len = max(s.end for s in spans)
     max_blocks = -(-max_len // block_size)
     tables = torch.zeros(len(spans), max_blocks, dtype=torch.long)
     for row, s in enumerate(spans):
         tables[row, : len(s.block_table[:max_blocks])] = torch.tensor(s.block_table[:max_blocks])
-    pos = torch.arange(max_len).expand(len(spans), max_len)
     ends = torch.tensor([s.end for s in spans]).unsqueeze(1)
+    if paged_decode:
+        meta.decode_block_tables = tables.to(torch.int32).to(device)
+        meta.decode_context_lens = ends.squeeze(1).to(torch.int32).to(device)
+        return
+    pos = torch.arange(max_len).expand(len(spans), max_len)
     index = tables.gather(1, pos // block_size) * block_size + pos % block_size
     meta.decode_kv_index = index.to(device)
     mask = pos < ends
@@ -173,6 +185,7 @@ class PagedAttention(torch.nn.Module):
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.scale = head_dim**-0.5
         self.flex_fn: Callable[..., torch.Tensor] | None = None  # set by the model runner
+        self.decode_fn: DecodeFn | None = None  # set by the model runner
 
     def forward(
         self,
@@ -218,6 +231,11 @@ class PagedAttention(torch.nn.Module):
     def _decode(
         self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, m: AttentionMetadata
     ) -> torch.Tensor:
+        if m.decode_block_tables is not None:  # paged kernel
+            assert self.decode_fn is not None, "paged decode metadata without a decode function"
+            return self.decode_fn(
+                q, k_cache, v_cache, m.decode_block_tables, m.decode_context_lens, scale=self.scale
+            )
         assert m.decode_kv_index is not None
         kk = k_cache[m.decode_kv_index].transpose(1, 2)  # [batch, kv_heads, ctx, dim]
         vv = v_cache[m.decode_kv_index].transpose(1, 2)

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from kvscale.tools.traces import TraceError, TraceRequest, load_azure, load_mooncake, load_trace
+from kvscale.traces import TraceError, TraceRequest, load_azure, load_mooncake, load_trace
 
 CHUNK_S = 600.0
 COPY_SPREAD_S = 60.0
@@ -86,13 +86,27 @@ def shapes_from(rows: list[TraceRequest]) -> Shapes:
     )
 
 
+@dataclass(frozen=True)
+class Replay:
+    """How a trace is played: time compressed, rate multiplied, looped to a length, seeded."""
+
+    time_scale: float
+    rate_scale: float
+    duration_s: float
+    seed: int
+
+    def __post_init__(self) -> None:
+        if self.time_scale <= 0 or self.rate_scale <= 0:
+            raise TraceError("time and rate scales must be positive")
+
+
 class Workload:
     """Arrivals over [0, duration_s): `window(t0, t1)` must be called with increasing t0."""
 
-    def __init__(self, name: str, duration_s: float, seed: int) -> None:
+    def __init__(self, name: str, replay: Replay) -> None:
         self.name = name
-        self.duration_s = duration_s
-        self.seed = seed
+        self.duration_s = replay.duration_s
+        self.seed = replay.seed
         self._chunk_index = -1
         self._chunk = _empty()
 
@@ -125,23 +139,12 @@ class Workload:
 class TraceWorkload(Workload):
     """A per-request trace, time-scaled, looped and rate-scaled."""
 
-    def __init__(
-        self,
-        name: str,
-        shapes: Shapes,
-        *,
-        time_scale: float,
-        rate_scale: float,
-        duration_s: float,
-        seed: int,
-    ) -> None:
-        if time_scale <= 0 or rate_scale <= 0:
-            raise TraceError("time and rate scales must be positive")
-        super().__init__(name, duration_s, seed)
+    def __init__(self, name: str, shapes: Shapes, replay: Replay) -> None:
+        super().__init__(name, replay)
         self.shapes = shapes
-        self.period_s = shapes.span_s / time_scale
-        self.time_scale = time_scale
-        self.rate_scale = rate_scale
+        self.period_s = shapes.span_s / replay.time_scale
+        self.time_scale = replay.time_scale
+        self.rate_scale = replay.rate_scale
 
     def _generate(self, start: float, end: float, rng: np.random.Generator) -> Batch:
         s, parts = self.shapes, []
@@ -178,18 +181,12 @@ class RateWorkload(Workload):
         window_start_s: FloatArray,
         rate_per_s: FloatArray,
         lengths: Shapes,
-        *,
-        time_scale: float,
-        rate_scale: float,
-        duration_s: float,
-        seed: int,
+        replay: Replay,
     ) -> None:
-        if time_scale <= 0 or rate_scale <= 0:
-            raise TraceError("time and rate scales must be positive")
-        super().__init__(name, duration_s, seed)
-        self.starts = (window_start_s - window_start_s[0]) / time_scale
-        self.rates = rate_per_s * rate_scale
-        self.window_s = SERVEGEN_WINDOW_S / time_scale
+        super().__init__(name, replay)
+        self.starts = (window_start_s - window_start_s[0]) / replay.time_scale
+        self.rates = rate_per_s * replay.rate_scale
+        self.window_s = SERVEGEN_WINDOW_S / replay.time_scale
         self.period_s = float(self.starts[-1]) + self.window_s
         self.lengths = lengths
 
@@ -247,6 +244,10 @@ def open_workload(
     seed: int = 0,
 ) -> Workload:
     """A named trace from the traces folder, or a file in one of the three formats."""
+
+    def replay(span_s: float) -> Replay:
+        return Replay(time_scale, rate_scale, hours * 3600 if hours else span_s, seed)
+
     path = Path(trace)
     kind = trace if trace in NAMED else sniff(path) if path.exists() else None
     if kind is None:
@@ -258,30 +259,14 @@ def open_workload(
         starts, rates = load_servegen_rates(rates_path)
         lengths = shapes_from(load_trace(length_trace, traces_dir))
         span = (starts[-1] - starts[0] + SERVEGEN_WINDOW_S) / time_scale
-        return RateWorkload(
-            trace,
-            starts,
-            rates,
-            lengths,
-            time_scale=time_scale,
-            rate_scale=rate_scale,
-            duration_s=hours * 3600 if hours else span,
-            seed=seed,
-        )
+        return RateWorkload(trace, starts, rates, lengths, replay(span))
     if kind in NAMED:
         rows = load_trace(kind, traces_dir)
     else:
         rows = load_mooncake(path) if kind == "mooncake" else load_azure(path)
         rows.sort(key=lambda r: r.arrival_s or 0.0)
     shapes = shapes_from(rows)
-    return TraceWorkload(
-        trace,
-        shapes,
-        time_scale=time_scale,
-        rate_scale=rate_scale,
-        duration_s=hours * 3600 if hours else shapes.span_s / time_scale,
-        seed=seed,
-    )
+    return TraceWorkload(trace, shapes, replay(shapes.span_s / time_scale))
 
 
 def _empty() -> Batch:

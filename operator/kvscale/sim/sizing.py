@@ -35,17 +35,15 @@ GPUS: dict[str, tuple[float, float]] = {
     "l4": (22.03, 0.3e12),
 }
 
+_LLAMA_3_8B: dict[str, Any] = {
+    "model_type": "llama", "vocab_size": 128256, "hidden_size": 4096,
+    "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
+    "num_key_value_heads": 8, "max_position_embeddings": 8192,
+}  # fmt: skip
+
 ARCHITECTURES: dict[str, dict[str, Any]] = {
-    "llama-3-8b": {
-        "model_type": "llama", "vocab_size": 128256, "hidden_size": 4096,
-        "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
-        "num_key_value_heads": 8, "max_position_embeddings": 8192,
-    },
-    "llama-3.1-8b": {
-        "model_type": "llama", "vocab_size": 128256, "hidden_size": 4096,
-        "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
-        "num_key_value_heads": 8, "max_position_embeddings": 131072,
-    },
+    "llama-3-8b": _LLAMA_3_8B,
+    "llama-3.1-8b": {**_LLAMA_3_8B, "max_position_embeddings": 131072},  # 3.1: a 128k context
     "llama-3-70b": {
         "model_type": "llama", "vocab_size": 128256, "hidden_size": 8192,
         "intermediate_size": 28672, "num_hidden_layers": 80, "num_attention_heads": 64,

@@ -29,6 +29,7 @@ from typing import Any
 import httpx
 from tqdm import tqdm
 
+from kvscale.tools import tool_parser
 from kvscale.tools.client import RequestRecord, Target, send
 from kvscale.tools.promtext import parse_prometheus_text
 from kvscale.tools.report import (
@@ -40,7 +41,15 @@ from kvscale.tools.report import (
     server_view,
     summarize,
 )
-from kvscale.tools.traces import (
+from kvscale.tools.workload import (
+    MOONCAKE_TICK_S,
+    PlannedRequest,
+    gamma_arrivals,
+    parse_class_mix,
+    plan,
+    replay_arrivals,
+)
+from kvscale.traces import (
     DATASETS,
     SYNTHETIC,
     LengthPolicy,
@@ -49,14 +58,6 @@ from kvscale.tools.traces import (
     load_trace,
     select,
     synthetic,
-)
-from kvscale.tools.workload import (
-    MOONCAKE_TICK_S,
-    PlannedRequest,
-    gamma_arrivals,
-    parse_class_mix,
-    plan,
-    replay_arrivals,
 )
 
 
@@ -152,12 +153,8 @@ async def run(cfg: LoadTestConfig) -> LoadTestResult:
 
 def add_loadtest_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register `loadtest` on the `kvscale` CLI's subparsers; it runs run_loadtest(args)."""
-    p: argparse.ArgumentParser = subparsers.add_parser(
-        "loadtest",
-        help="load-test an OpenAI-compatible endpoint and write a report and plots",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    summary = "load-test an OpenAI-compatible endpoint and write a report and plots"
+    p = tool_parser(subparsers, "loadtest", summary, __doc__)
     t = p.add_argument_group("target")
     t.add_argument("--base-url", default="http://127.0.0.1:8000", help="server root, no /v1")
     t.add_argument("--endpoint", default="/v1/completions",

@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -31,6 +31,7 @@ from kvscale.sim.sizing import (
     gpu_memory,
     recommend_limits,
 )
+from kvscale.tools import tool_parser
 
 
 @dataclass(frozen=True)
@@ -136,17 +137,7 @@ def make_plan(args: argparse.Namespace) -> Plan:
         )
     profile = _profile(args)
     seqs, batched = recommend_limits(probe.kv_tokens, context, profile, args.itl_slo)
-    budget = Budget(
-        model,
-        memory,
-        args.gpus,
-        args.memory_fraction,
-        DTYPE_BYTES[args.dtype],
-        DTYPE_BYTES[args.kv_dtype],
-        args.block_size,
-        batched,
-        seqs,
-    )
+    budget = replace(probe, max_num_batched_tokens=batched, max_num_seqs=seqs)
     plan = Plan(budget, max_len, context, seqs, batched, args.gpu)
     if profile is None:
         return plan
@@ -200,12 +191,8 @@ def _with_replicas(plan: Plan, profile: Any, args: argparse.Namespace) -> Plan:
 
 
 def add_plan_parser(sub: Any) -> None:
-    p = sub.add_parser(
-        "plan",
-        help="KV budget, engine limits and replicas for a model on a GPU",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    summary = "KV budget, engine limits and replicas for a model on a GPU"
+    p = tool_parser(sub, "plan", summary, __doc__)
     p.add_argument(
         "--model",
         required=True,

@@ -12,6 +12,7 @@ matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.axes import Axes
+from matplotlib.figure import Figure
 
 from kvscale.tools.client import RequestRecord
 from kvscale.tools.promtext import total
@@ -30,6 +31,13 @@ def write_plots(
         _throughput(records, out_dir / "throughput.png", title),
         _queue_depth(records, timeline, out_dir / "queue_depth.png", title),
     ]
+
+
+def _save(fig: Figure, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
 
 
 def _cdf(ax: Axes, values_s: Sequence[float], label: str) -> None:
@@ -53,10 +61,7 @@ def _latency_cdfs(records: Sequence[RequestRecord], path: Path, title: str) -> P
     _cdf(axes[1], [x for r in done for x in r.itls_s], "ITL")
     _cdf(axes[2], [r.e2e_s for r in done], "E2E latency")
     fig.suptitle(f"{title}: latency CDFs ({len(done)} completed)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def _bins(records: Sequence[RequestRecord]) -> np.ndarray:
@@ -90,10 +95,7 @@ def _throughput(records: Sequence[RequestRecord], path: Path, title: str) -> Pat
     twin.set_ylabel("requests/s")
     fig.legend(loc="upper right")
     ax.set_title(f"{title}: throughput over time")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def _queue_depth(
@@ -124,7 +126,4 @@ def _queue_depth(
         twin.set_ylabel("KV cache usage")
     fig.legend(loc="upper right")
     ax.set_title(f"{title}: queue depth and KV usage")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return _save(fig, path)

@@ -17,7 +17,7 @@ import numpy as np
 
 from kvscale.tools.client import RequestRecord
 from kvscale.tools.promtext import Labels, total
-from kvscale.tools.traces import TraceError
+from kvscale.traces import TraceError
 
 PERCENTILES = (50, 90, 95, 99)
 Samples = dict[str, dict[Labels, float]]

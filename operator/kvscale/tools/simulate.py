@@ -19,18 +19,15 @@ from kvscale.api.v1alpha1 import LLMEndpointSpec
 from kvscale.sim.compare import POLICIES, Scenario, compare
 from kvscale.sim.profile import ProfileError, load_profile, shipped
 from kvscale.sim.run import Settings
-from kvscale.tools.traces import TraceError, default_traces_dir
+from kvscale.tools import tool_parser
+from kvscale.traces import TraceError, default_traces_dir
 
 DEFAULT_PROFILE = "h200-kvscale-eager"
 
 
 def add_simulate_parser(sub: Any) -> None:
-    p = sub.add_parser(
-        "simulate",
-        help="replay a trace against kvscale's capacity law and baseline autoscalers",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    summary = "replay a trace against kvscale's capacity law and baseline autoscalers"
+    p = tool_parser(sub, "simulate", summary, __doc__)
     p.add_argument(
         "--trace",
         required=True,

@@ -14,7 +14,7 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kvscale.tools.traces import TraceError, TraceRequest
+from kvscale.traces import TraceError, TraceRequest
 
 MOONCAKE_TICK_S = 3.0  # the trace's timestamps are quantised to ~3 s ticks
 WORDS = [

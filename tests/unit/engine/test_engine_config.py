@@ -33,6 +33,7 @@ def test_defaults_are_valid_and_derived_values_follow() -> None:
         ("dtype", "int8"),
         ("device", "tpu"),
         ("attention_backend", "flash"),
+        ("decode_attention", "flash"),
         ("priority_aging_steps", 0),
     ],
 )
@@ -78,3 +79,20 @@ def test_engine_defaults_match_what_the_operator_assumes() -> None:
     args = build_parser().parse_args(["serve", "--model", "dummy:llama-tiny"])
     assert (args.port, args.admin_port) == (ENGINE_PORT, ADMIN_PORT)
     assert args.shutdown_grace == SHUTDOWN_GRACE_SECONDS
+
+
+@pytest.mark.parametrize(
+    ("argv", "eager", "decode"),
+    [
+        ([], False, "auto"),
+        (["--enforce-eager", "--decode-attention", "reference"], True, "reference"),
+    ],
+)
+def test_enforce_eager_and_decode_attention_flags(
+    argv: list[str], eager: bool, decode: str
+) -> None:
+    from kvscale_engine.cli import build_parser, engine_config
+
+    args = build_parser().parse_args(["serve", "--model", "dummy:llama-tiny", *argv])
+    config = engine_config(args)
+    assert (config.enforce_eager, config.decode_attention) == (eager, decode)

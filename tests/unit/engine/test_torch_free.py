@@ -8,7 +8,7 @@ import sys
 BOOKKEEPING = [
     "config", "sampling_params", "model_config", "engine.sequence", "engine.outputs",
     "engine.prefix_hash", "engine.block_manager", "engine.scheduler", "engine.detokenizer",
-    "engine.memory_budget", "engine.tokenizer",
+    "engine.memory_budget", "engine.tokenizer", "engine.cuda_graphs",
 ]  # fmt: skip
 
 

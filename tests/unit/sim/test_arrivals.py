@@ -9,7 +9,7 @@ import pytest
 from sim_helpers import TRACES
 
 from kvscale.sim.arrivals import CHUNK_S, open_workload, sniff
-from kvscale.tools.traces import TraceError
+from kvscale.traces import TraceError
 
 
 def count(wl: object) -> int:

@@ -11,7 +11,7 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from .demo_watch import Sample
+from .watch import Sample
 
 PHASE_COLOURS = ("#e8f0fe", "#fef7e0", "#fce8e6", "#e6f4ea", "#f3e8fd")
 

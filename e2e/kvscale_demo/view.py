@@ -14,7 +14,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from .demo_watch import Sample
+from .watch import Sample
 
 BARS = "▁▂▃▄▅▆▇█"
 SPARK_WIDTH = 48

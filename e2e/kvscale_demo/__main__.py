@@ -1,4 +1,4 @@
-"""``make demo``: the closed loop on the local cluster, watched live.
+"""``make demo`` (``python -m kvscale_demo``): the closed loop on the local cluster, watched live.
 
 The local cluster comes up, kvscale is installed from manifests/ with kubectl exactly as a
 platform team would on a real cluster (the operator runs as a pod under its own least-privilege
@@ -24,14 +24,15 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from .__main__ import up
-from .cluster import Cluster
-from .config import default_cluster_dir
-from .demo_timeline import plot, write_json
-from .demo_view import Frame, render
-from .demo_watch import Sample, Watcher
-from .install import ROOT, install_kvscale
-from .wait import wait_for
+from kvscale_cluster.__main__ import up
+from kvscale_cluster.cluster import Cluster
+from kvscale_cluster.config import default_cluster_dir
+from kvscale_cluster.install import ROOT, install_kvscale
+from kvscale_cluster.wait import wait_for
+
+from .timeline import plot, write_json
+from .view import Frame, render
+from .watch import Sample, Watcher
 
 SAMPLE = ROOT / "manifests" / "samples" / "tiny-autoscaling.yaml"
 NAMESPACE = "demo"
