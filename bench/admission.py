@@ -36,7 +36,7 @@ from bench.workloads import AZURE_CONV, azure_trace
 from kvscale.tools import loadtest
 from kvscale.tools.client import RequestRecord, Target
 from kvscale.tools.workload import PlannedRequest, gamma_arrivals
-from kvscale_engine.checkpoint import write_tiny_checkpoint
+from kvscale_engine.engine.checkpoint import write_tiny_checkpoint
 from kvscale_engine.model_config import NAMED_ARCHS
 
 SAMPLE = Path(__file__).resolve().parents[1] / "manifests" / "samples" / "tiny-dummy.yaml"

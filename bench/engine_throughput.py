@@ -28,7 +28,7 @@ from transformers import AutoModelForCausalLM
 
 from bench.harness import make_engine, one_thread, run_hf_static, run_kvscale
 from bench.workloads import anyscale
-from kvscale_engine.checkpoint import write_tiny_checkpoint
+from kvscale_engine.engine.checkpoint import write_tiny_checkpoint
 from kvscale_engine.model_config import NAMED_ARCHS
 
 
@@ -113,8 +113,8 @@ def _run(p: Setup) -> dict[str, Any]:
 
 
 def _params(shape: dict[str, Any]) -> int:
+    from kvscale_engine.engine.weights import param_shapes
     from kvscale_engine.model_config import ModelConfig
-    from kvscale_engine.weights import param_shapes
 
     cfg = ModelConfig.from_dict({"model_type": "llama", **shape})
     return sum(math.prod(s) for s in param_shapes(cfg).values())

@@ -14,7 +14,7 @@ import torch
 
 from bench.workloads import Request
 from kvscale_engine.config import EngineConfig
-from kvscale_engine.llm_engine import LLMEngine
+from kvscale_engine.engine.llm_engine import LLMEngine
 from kvscale_engine.sampling_params import SamplingParams
 
 

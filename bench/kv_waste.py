@@ -26,9 +26,9 @@ from typing import Any
 
 from bench.harness import make_engine
 from bench.workloads import azure_trace
+from kvscale_engine.engine.scheduler import ScheduledBatch
 from kvscale_engine.model_config import NAMED_ARCHS
 from kvscale_engine.sampling_params import SamplingParams
-from kvscale_engine.scheduler import ScheduledBatch
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,8 @@ from typing import Any
 
 from bench.harness import make_engine, one_thread
 from bench.workloads import Request, shared_prefix
-from kvscale_engine.checkpoint import write_tiny_checkpoint
-from kvscale_engine.llm_engine import LLMEngine
+from kvscale_engine.engine.checkpoint import write_tiny_checkpoint
+from kvscale_engine.engine.llm_engine import LLMEngine
 from kvscale_engine.model_config import NAMED_ARCHS
 from kvscale_engine.sampling_params import SamplingParams
 

@@ -27,7 +27,7 @@ from typing import Any
 from bench.harness import one_thread
 from bench.machine import describe
 from kvscale_engine.config import EngineConfig
-from kvscale_engine.llm_engine import LLMEngine
+from kvscale_engine.engine.llm_engine import LLMEngine
 from kvscale_engine.model_config import ModelConfig
 from kvscale_engine.sampling_params import SamplingParams
 
@@ -54,7 +54,7 @@ _STARTUP = """
 import time, sys
 t0 = time.perf_counter()
 from kvscale_engine.config import EngineConfig
-from kvscale_engine.llm_engine import LLMEngine
+from kvscale_engine.engine.llm_engine import LLMEngine
 from kvscale_engine.sampling_params import SamplingParams
 t1 = time.perf_counter()
 engine = LLMEngine(EngineConfig(model=sys.argv[1], max_model_len=int(sys.argv[2]), device="cpu"))

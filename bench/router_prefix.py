@@ -28,7 +28,7 @@ from kvscale.tools import loadtest
 from kvscale.tools.client import Target
 from kvscale.tools.workload import MOONCAKE_TICK_S, plan, replay_arrivals
 from kvscale.traces import LengthPolicy, load_mooncake
-from kvscale_engine.checkpoint import write_tiny_checkpoint
+from kvscale_engine.engine.checkpoint import write_tiny_checkpoint
 from kvscale_engine.model_config import NAMED_ARCHS
 
 TRACE = Path("mooncake-fast25/conversation_trace.jsonl")

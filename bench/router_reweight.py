@@ -34,7 +34,7 @@ from kvscale.api.v1alpha1 import ScalingSpec
 from kvscale.controllers.routing import RoutingState, decide
 from kvscale.signals.direct import DirectScrape
 from kvscale.signals.source import PodAddress, Target
-from kvscale_engine.checkpoint import write_tiny_checkpoint
+from kvscale_engine.engine.checkpoint import write_tiny_checkpoint
 
 INTERVAL_S = float(ScalingSpec.model_fields["routing_interval_seconds"].default)
 FULL: dict[str, Any] = {"burst": 48, "burst_tokens": 64, "rate": 6.0, "trials": 3}

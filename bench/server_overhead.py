@@ -33,7 +33,7 @@ from bench.workloads import Request, anyscale
 from kvscale.tools import loadtest
 from kvscale.tools.client import Target
 from kvscale.tools.workload import PlannedRequest
-from kvscale_engine.checkpoint import write_tiny_checkpoint
+from kvscale_engine.engine.checkpoint import write_tiny_checkpoint
 from kvscale_engine.model_config import NAMED_ARCHS
 
 FULL: dict[str, Any] = {

@@ -25,7 +25,7 @@ from typing import Any
 import httpx
 
 from kvscale_cluster.ports import free_port
-from kvscale_engine.checkpoint import write_tiny_checkpoint
+from kvscale_engine.engine.checkpoint import write_tiny_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "results" / "engine_image_smoke.json"

@@ -26,8 +26,8 @@ from typing import Any
 
 import uvicorn
 
-from kvscale_engine.admission import AdmissionConfigError, parse_traffic_classes
 from kvscale_engine.config import ConfigError, EngineConfig
+from kvscale_engine.server.admission import AdmissionConfigError, parse_traffic_classes
 
 log = logging.getLogger("kvscale_engine")
 # uvicorn's default closes an idle connection after 5 s, while a client may reuse it for longer
@@ -120,9 +120,9 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
 def build_server(args: argparse.Namespace) -> DrainingServer:
     """The uvicorn server for `serve`; configuration errors surface here, before anything runs."""
     # imported here so that `tiny-checkpoint` and `--help` do not pay for torch
-    from kvscale_engine.llm_engine import LLMEngine
-    from kvscale_engine.server import create_app
-    from kvscale_engine.server_config import ServerConfig
+    from kvscale_engine.engine.llm_engine import LLMEngine
+    from kvscale_engine.server.app import create_app
+    from kvscale_engine.server.config import ServerConfig
 
     cfg = engine_config(args)
     if args.admin_port == args.port:
@@ -216,7 +216,7 @@ class DrainingServer(uvicorn.Server):
 
 
 def tiny_checkpoint(args: argparse.Namespace) -> None:
-    from kvscale_engine.checkpoint import write_tiny_checkpoint
+    from kvscale_engine.engine.checkpoint import write_tiny_checkpoint
 
     write_tiny_checkpoint(args.path, arch=args.arch, seed=args.seed)
     print(args.path)

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvscale_engine.config import EngineConfig
-from kvscale_engine.llm_engine import LLMEngine
-from kvscale_engine.outputs import RequestOutput
+from kvscale_engine.engine.llm_engine import LLMEngine
+from kvscale_engine.engine.outputs import RequestOutput
 from kvscale_engine.sampling_params import SamplingParams
 
 Prompt = str | list[int]

@@ -6,6 +6,10 @@ endpoint's `trafficClasses`): `name`, `priority` (higher is served first), `maxC
 requests; a full queue refuses at once) and `maxQueueWaitSeconds` (a request still queued then is
 refused). Refusals are 429 + Retry-After, so clients back off instead of piling onto replicas.
 The class comes from the `x-kvscale-class` header; the first class is the default.
+
+The format is defined once, in engine-image/traffic-classes.schema.json; the engine parses the
+same flag with its own code (the packages may not import each other), and
+tests/unit/test_traffic_class_schema.py holds both parsers to that file.
 """
 
 from __future__ import annotations
@@ -59,7 +63,7 @@ class TrafficClass:
     max_queue_wait_s: float = 10.0
 
     def __post_init__(self) -> None:
-        if not re.fullmatch(r"[A-Za-z0-9_.-]{1,63}", self.name):
+        if not isinstance(self.name, str) or not re.fullmatch(r"[A-Za-z0-9_.-]{1,63}", self.name):
             raise ClassConfigError(f"traffic class name {self.name!r} is not a simple name")
         if self.max_concurrency is not None and self.max_concurrency < 1:
             raise ClassConfigError(f"{self.name}: maxConcurrency must be >= 1")
@@ -88,7 +92,9 @@ def _traffic_class(raw: Mapping[str, Any]) -> TrafficClass:
             raise ClassConfigError(f"unknown traffic class field {key!r}")
         if target == "max_queue_wait_s":
             value = _duration_s(value)
-        elif target != "name" and value is not None and type(value) is not int:
+        elif target == "max_concurrency" and value is None:
+            pass  # unlimited
+        elif target != "name" and type(value) is not int:
             raise ClassConfigError(f"{key} must be an integer, got {value!r}")
         fields[target] = value
     return TrafficClass(**fields)

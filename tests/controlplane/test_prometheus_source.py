@@ -31,7 +31,7 @@ from kvscale_cluster.body_handler import BodyHandler
 from kvscale_cluster.ports import free_port
 from kvscale_cluster.prometheus import prometheus_binary
 from kvscale_cluster.wait import GiveUp, wait_for
-from kvscale_engine.metrics import EngineMetrics, StatsSnapshot
+from kvscale_engine.server.metrics import EngineMetrics, StatsSnapshot
 
 VLLM_V0_10 = Path(__file__).parents[1] / "data" / "metrics" / "vllm_v0_10.txt"
 WINDOW_S = 10.0

@@ -11,9 +11,9 @@ import pytest
 import torch
 from engine_helpers import HFReference
 
-from kvscale_engine.checkpoint import write_tiny_checkpoint
 from kvscale_engine.config import EngineConfig
-from kvscale_engine.llm_engine import LLMEngine
+from kvscale_engine.engine.checkpoint import write_tiny_checkpoint
+from kvscale_engine.engine.llm_engine import LLMEngine
 
 # bench/gpu_check.sh sets cuda to run this tier on a GPU; HF reference outputs stay on the CPU.
 DEVICE = os.environ.get("KVSCALE_TEST_DEVICE", "cpu")

@@ -12,10 +12,10 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM
 
-from kvscale_engine.llm_engine import LLMEngine
-from kvscale_engine.outputs import RequestOutput
+from kvscale_engine.engine.llm_engine import LLMEngine
+from kvscale_engine.engine.outputs import RequestOutput
+from kvscale_engine.engine.scheduler import ScheduledBatch
 from kvscale_engine.sampling_params import SamplingParams
-from kvscale_engine.scheduler import ScheduledBatch
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=24)
 HFGreedy = Callable[[list[int], int], list[int]]

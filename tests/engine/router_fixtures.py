@@ -3,39 +3,22 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
 import sys
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
-from server_fixtures import parse_samples
+from server_fixtures import LiveProcess, running
 
 from kvscale_cluster.ports import free_port
-from kvscale_cluster.wait import GiveUp, wait_for
+from kvscale_cluster.wait import wait_for
 
 
 @dataclass
-class LiveRouter:
-    process: subprocess.Popen[bytes]
-    url: str
-    log_path: Path
+class LiveRouter(LiveProcess):
     weights_path: Path
-
-    @property
-    def api(self) -> str:
-        return f"{self.url}/v1"
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def metrics(self) -> dict[str, float]:
-        samples: dict[str, float] = parse_samples(httpx.get(f"{self.url}/metrics", timeout=10).text)
-        return samples
 
     def metric(self, name: str, **labels: str) -> float:
         key = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
@@ -55,15 +38,6 @@ class LiveRouter:
         wait_for(applied, 30, f"the router to route with weights {dict(weights)}")
 
 
-def _ready(url: str, process: subprocess.Popen[bytes]) -> bool:
-    if process.poll() is not None:
-        raise GiveUp(f"router exited with {process.returncode} before it was ready")
-    try:
-        return httpx.get(f"{url}/ready", timeout=2).status_code == 200
-    except httpx.TransportError:
-        return False
-
-
 @contextmanager
 def live_router(
     replicas: Mapping[str, str],
@@ -81,18 +55,5 @@ def live_router(
         sys.executable, "-m", "kvscale_router.cli", "--host", "127.0.0.1", "--port", str(port),
         "--replicas", spec, "--weights-file", str(weights_path), *args,
     ]  # fmt: skip
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
-    router = LiveRouter(process, url, log_path, weights_path)
-    try:
-        wait_for(lambda: _ready(url, process), 60, "the router to become ready")
-        yield router
-    finally:
-        if process.poll() is None:
-            process.terminate()
-            try:
-                process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                process.kill()
-        process.wait(timeout=15)
+    with running(cmd, url, log_path, "router", 60, stop_s=15, PYTHONUNBUFFERED="1") as process:
+        yield LiveRouter(process, url, log_path, weights_path)

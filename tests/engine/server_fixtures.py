@@ -11,7 +11,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,10 +26,11 @@ BASE_ARGS = ("--max-model-len", "512", "--num-kv-blocks", "256", "--block-size",
 
 
 @dataclass
-class LiveServer:
+class LiveProcess:
+    """One of our servers as a real process: where it listens, its log, its /metrics."""
+
     process: subprocess.Popen[bytes]
     url: str
-    admin_url: str  # POST /drain, GET /drain, POST /undrain
     log_path: Path
 
     @property
@@ -42,6 +43,11 @@ class LiveServer:
     def metrics(self) -> dict[str, float]:
         """Every sample on /metrics as `name{label="v",...}` -> value (labels sorted)."""
         return parse_samples(httpx.get(f"{self.url}/metrics", timeout=10).text)
+
+
+@dataclass
+class LiveServer(LiveProcess):
+    admin_url: str  # POST /drain, GET /drain, POST /undrain
 
     def sigterm(self) -> None:
         self.process.send_signal(signal.SIGTERM)
@@ -56,13 +62,44 @@ def parse_samples(text: str) -> dict[str, float]:
     return samples
 
 
-def _ready(url: str, process: subprocess.Popen[bytes]) -> bool:
+def _ready(url: str, process: subprocess.Popen[bytes], what: str) -> bool:
     if process.poll() is not None:
-        raise GiveUp(f"server exited with {process.returncode} before it was ready")
+        raise GiveUp(f"{what} exited with {process.returncode} before it was ready")
     try:
         return httpx.get(f"{url}/ready", timeout=2).status_code == 200
     except httpx.TransportError:
         return False
+
+
+@contextmanager
+def running(
+    cmd: list[str],
+    url: str,
+    log_path: Path,
+    what: str,
+    ready_s: float,
+    stop_s: float = 0.0,
+    **env: str,
+) -> Iterator[subprocess.Popen[bytes]]:
+    """Start `cmd` (output to `log_path`) and wait for `url`/ready; at the end, stop it.
+
+    Stopping is SIGTERM and up to `stop_s` seconds to exit (none: at once), then SIGKILL.
+    """
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **env}
+        )
+    try:
+        wait_for(lambda: _ready(url, process, what), ready_s, f"the {what} to become ready")
+        yield process
+    finally:
+        if process.poll() is None and stop_s > 0:
+            process.terminate()
+            with suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=stop_s)
+        if process.poll() is None:
+            process.kill()
+        process.wait(timeout=30)
 
 
 @contextmanager
@@ -78,14 +115,6 @@ def live_server(model_dir: Path, tmp_dir: Path, *args: str) -> Iterator[LiveServ
         "--device", "cpu", *BASE_ARGS, *args,
     ]  # fmt: skip
     # one torch thread, as the engine tier runs in-process: tiny models, shared CI cores
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
-    server = LiveServer(process, url, f"http://127.0.0.1:{admin_port}", log_path)
-    try:
-        wait_for(lambda: _ready(url, process), 120, "the server to become ready")
-        yield server
-    finally:
-        if process.poll() is None:
-            process.kill()
-        process.wait(timeout=30)
+    env = {"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    with running(cmd, url, log_path, "server", 120, **env) as process:
+        yield LiveServer(process, url, log_path, f"http://127.0.0.1:{admin_port}")

@@ -6,29 +6,51 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
-HEADLINES = {
+ENGINE_HEADLINES = {
     "engine_throughput": "continuous_vs_hf_static",
     "prefix_cache": "ttft_ratio",
     "kv_waste": "waste_fraction",
 }
+ROUTER_HEADLINES = {
+    "router_overhead": "added_p50_ms",
+    "router_prefix": "hit_rate_ratio",
+    "router_reweight": "reweight_s",
+}
+
+
+def run_quick(names: list[str], out: Path, timeout_s: float) -> dict[str, Any]:
+    """Run the named benchmarks in quick mode; each one's JSON report, by name."""
+    command = [sys.executable, "-m", "bench", *names, "--quick", "--out", str(out)]
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=timeout_s)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return {name: json.loads((out / f"{name}.json").read_text()) for name in names}
 
 
 def test_engine_benchmarks_run_in_quick_mode(tmp_path: Path) -> None:
-    command = [sys.executable, "-m", "bench", *HEADLINES, "--quick", "--out", str(tmp_path)]
-    subprocess.run(command, cwd=REPO, check=True, capture_output=True, timeout=300)
-    for name, key in HEADLINES.items():
-        result = json.loads((tmp_path / f"{name}.json").read_text())
-        assert result[key] > 0, name
-        assert "cpu" in result["machine"]
-    assert json.loads((tmp_path / "prefix_cache.json").read_text())["token_mismatches"] == 0
-    throughput = json.loads((tmp_path / "engine_throughput.json").read_text())
-    assert throughput["greedy_output_mismatches_vs_hf"] == 0
-    waste = json.loads((tmp_path / "kv_waste.json").read_text())
+    results = run_quick(list(ENGINE_HEADLINES), tmp_path, 300)
+    for name, key in ENGINE_HEADLINES.items():
+        assert results[name][key] > 0, name
+        assert "cpu" in results[name]["machine"]
+    assert results["prefix_cache"]["token_mismatches"] == 0
+    assert results["engine_throughput"]["greedy_output_mismatches_vs_hf"] == 0
+    waste = results["kv_waste"]
     # on-demand paged allocation leaves at most a partial last block per running sequence
     assert waste["mean_unused_slots_per_running_sequence"] <= waste["block_size"] - 1
     assert waste["waste_vs_oracle_reservation"] < 1
+
+
+def test_router_benchmarks_run_in_quick_mode(tmp_path: Path) -> None:
+    results = run_quick(list(ROUTER_HEADLINES), tmp_path, 600)
+    for name, key in ROUTER_HEADLINES.items():
+        assert key in results[name] and "met" in results[name], name
+    prefix = results["router_prefix"]
+    assert all(run["failed"] == 0 for runs in prefix["runs"].values() for run in runs)
+    reweight = results["router_reweight"]
+    assert reweight["failed_requests"] == 0
+    assert reweight["reweight_s"] is not None  # the hot replica's weight did drop
 
 
 def test_gpu_check_code_runs_on_the_cpu() -> None:

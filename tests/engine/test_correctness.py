@@ -14,7 +14,7 @@ from engine_helpers import (
     run_to_completion,
 )
 
-from kvscale_engine.llm_engine import LLMEngine
+from kvscale_engine.engine.llm_engine import LLMEngine
 from kvscale_engine.sampling_params import SamplingParams
 
 MakeEngine = Callable[..., LLMEngine]

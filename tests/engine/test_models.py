@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from engine_helpers import GREEDY, HFReference, assert_matches_hf, random_prompts, run_to_completion
 
-from kvscale_engine.checkpoint import write_tiny_checkpoint
-from kvscale_engine.llm_engine import LLMEngine
+from kvscale_engine.engine.checkpoint import write_tiny_checkpoint
+from kvscale_engine.engine.llm_engine import LLMEngine
 
 MakeEngine = Callable[..., LLMEngine]
 

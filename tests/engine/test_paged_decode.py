@@ -20,9 +20,9 @@ DEVICE = torch.device(os.environ.get("KVSCALE_TEST_DEVICE", "cpu"))
 if DEVICE.type == "cpu":
     os.environ["TRITON_INTERPRET"] = "1"
 
+from kvscale_engine.engine.llm_engine import LLMEngine  # noqa: E402
 from kvscale_engine.layers import paged_decode as kernel  # noqa: E402
 from kvscale_engine.layers.attention import PagedAttention, SeqSpan, build_metadata  # noqa: E402
-from kvscale_engine.llm_engine import LLMEngine  # noqa: E402
 
 HEAD_DIM = 32
 KV_HEADS = 2

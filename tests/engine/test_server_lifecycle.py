@@ -12,9 +12,9 @@ from fastapi.testclient import TestClient
 from server_fixtures import MODEL, wait_for
 
 from kvscale_engine.config import EngineConfig
-from kvscale_engine.llm_engine import LLMEngine
-from kvscale_engine.server import create_app
-from kvscale_engine.server_config import ServerConfig
+from kvscale_engine.engine.llm_engine import LLMEngine
+from kvscale_engine.server.app import create_app
+from kvscale_engine.server.config import ServerConfig
 
 
 def test_not_ready_until_loaded_then_serving(llama_dir: Path) -> None:

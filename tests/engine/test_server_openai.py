@@ -12,9 +12,9 @@ import pytest
 from server_fixtures import MODEL, LiveServer, live_server
 
 from kvscale_engine.config import EngineConfig
-from kvscale_engine.llm_engine import LLMEngine
+from kvscale_engine.engine.llm_engine import LLMEngine
+from kvscale_engine.engine.tokenizer import Tokenizer
 from kvscale_engine.sampling_params import SamplingParams
-from kvscale_engine.tokenizer import Tokenizer
 
 PROMPT = "The quick brown fox"
 

@@ -6,11 +6,12 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
-from kvscale_engine.llm_engine import LLMEngine
-from kvscale_engine.metrics import EngineMetrics
+from kvscale_engine.engine.llm_engine import LLMEngine
 from kvscale_engine.sampling_params import SamplingParams
-from kvscale_engine.server_config import ServerConfig
-from kvscale_engine.serving import Refused, ServerState
+from kvscale_engine.server.admission_queue import Refused
+from kvscale_engine.server.config import ServerConfig
+from kvscale_engine.server.metrics import EngineMetrics
+from kvscale_engine.server.state import ServerState
 
 PARAMS = SamplingParams(temperature=0.0, max_tokens=4)
 
@@ -27,7 +28,7 @@ async def _fail_engine(state: ServerState, engine: LLMEngine) -> None:
         raise RuntimeError("kernel exploded")
 
     engine.model_runner.run = broken  # type: ignore[method-assign]
-    stream = state.engine_loop.add("victim", [1, 2, 3], PARAMS, 0, 0.0)
+    stream = state.engine_thread.add("victim", [1, 2, 3], PARAMS, 0, 0.0)
     assert isinstance(await stream.get(), RuntimeError)
 
 
@@ -40,7 +41,7 @@ def test_a_request_admitted_before_the_engine_failed_gives_its_slot_back(
         await state.load(engine)
         try:
             admitted = await state.admit(None, 16)
-            assert state.admission.in_flight == 1
+            assert state.queue.controller.in_flight == 1
             await _fail_engine(state, engine)
             try:
                 state.generate(admitted, [5, 6, 7], [PARAMS, PARAMS])
@@ -48,7 +49,7 @@ def test_a_request_admitted_before_the_engine_failed_gives_its_slot_back(
                 pass
             else:
                 raise AssertionError("adding to a failed engine should raise")
-            assert state.admission.in_flight == 0 and state.active == 0
+            assert state.queue.controller.in_flight == 0 and state.active == 0
             assert await state.wait_idle(1.0)  # a drain would not hang on a ghost request
         finally:
             await state.close()
@@ -76,7 +77,7 @@ def test_a_refused_engine_request_gives_its_slot_back(
                 raise AssertionError("the engine should refuse a prompt past its pool")
             finally:
                 gen.close()
-            assert state.admission.in_flight == 0 and state.active == 0
+            assert state.queue.controller.in_flight == 0 and state.active == 0
         finally:
             await state.close()
 
@@ -99,7 +100,7 @@ def test_a_drain_asked_for_while_loading_holds_once_loaded(
             else:
                 raise AssertionError("a draining replica admitted a request")
             assert state.stop_draining() and state.ready
-            state.release(await state.admit(None, 16))
+            state.queue.release(await state.admit(None, 16))
         finally:
             await state.close()
 

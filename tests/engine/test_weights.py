@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from kvscale_engine import weights
-from kvscale_engine.weights import init_param, param_keys
+from kvscale_engine.engine import weights
+from kvscale_engine.engine.weights import init_param, param_keys
 
 CPU = torch.device("cpu")
 M32 = np.uint64(0xFFFFFFFF)

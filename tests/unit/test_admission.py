@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvscale_engine.admission import (
+from kvscale_engine.server.admission import (
     AdmissionConfigError,
     AdmissionController,
     KvFootprint,

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from kvscale_engine.metrics import build_1_2_5_buckets
-from kvscale_engine.protocol import (
+from kvscale_engine.server.metrics import build_1_2_5_buckets
+from kvscale_engine.server.protocol import (
     ChatChunkChoice,
     ChatCompletionChunk,
     ChatCompletionRequest,

@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable
 
-from kvscale_engine.block_manager import BlockManager
-from kvscale_engine.scheduler import ScheduledBatch
-from kvscale_engine.sequence import FinishReason, Sequence
+from kvscale_engine.engine.block_manager import BlockManager
+from kvscale_engine.engine.scheduler import ScheduledBatch
+from kvscale_engine.engine.sequence import FinishReason, Sequence
 
 
 def check_block_invariants(bm: BlockManager, holders: Iterable[Sequence]) -> None:

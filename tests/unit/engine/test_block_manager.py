@@ -6,9 +6,9 @@ from bookkeeping_helpers import check_block_invariants
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvscale_engine.block_manager import BlockManager
+from kvscale_engine.engine.block_manager import BlockManager
+from kvscale_engine.engine.sequence import Sequence
 from kvscale_engine.sampling_params import SamplingParams
-from kvscale_engine.sequence import Sequence
 
 BS = 4
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvscale_engine.cuda_graphs import (
+from kvscale_engine.engine.cuda_graphs import (
     GraphPlan,
     Replay,
     bucket_for,

@@ -7,10 +7,10 @@ from collections.abc import Sequence as Seq
 import pytest
 import tokenizers
 
-from kvscale_engine.detokenizer import Detokenizer
+from kvscale_engine.engine.detokenizer import Detokenizer
+from kvscale_engine.engine.sequence import Sequence
+from kvscale_engine.engine.tokenizer import Tokenizer
 from kvscale_engine.sampling_params import SamplingParams
-from kvscale_engine.sequence import Sequence
-from kvscale_engine.tokenizer import Tokenizer
 
 EOS = 0
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kvscale_engine.config import ConfigError, EngineConfig
-from kvscale_engine.memory_budget import MemoryBudget, kv_block_bytes, plan_num_blocks
+from kvscale_engine.engine.memory_budget import MemoryBudget, kv_block_bytes, plan_num_blocks
 from kvscale_engine.model_config import ModelConfig
 
 GIB = 2**30

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvscale_engine.prefix_hash import NO_PARENT, block_hash, chain_hashes
+from kvscale_engine.engine.prefix_hash import NO_PARENT, block_hash, chain_hashes
 
 
 def test_only_full_blocks_are_hashed() -> None:

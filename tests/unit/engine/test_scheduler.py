@@ -9,11 +9,11 @@ from bookkeeping_helpers import FakeRunner, check_block_invariants, stop_at_leng
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvscale_engine.block_manager import BlockManager
 from kvscale_engine.config import EngineConfig
+from kvscale_engine.engine.block_manager import BlockManager
+from kvscale_engine.engine.scheduler import Scheduler
+from kvscale_engine.engine.sequence import Sequence, SequenceStatus
 from kvscale_engine.sampling_params import SamplingParams
-from kvscale_engine.scheduler import Scheduler
-from kvscale_engine.sequence import Sequence, SequenceStatus
 
 
 def make(num_blocks: int = 64, **overrides: Any) -> tuple[Scheduler, FakeRunner]:

@@ -6,8 +6,9 @@ import subprocess
 import sys
 
 BOOKKEEPING = [
-    "config", "sampling_params", "sequence", "outputs", "prefix_hash", "block_manager",
-    "scheduler", "detokenizer", "memory_budget", "model_config", "tokenizer", "cuda_graphs",
+    "config", "sampling_params", "model_config", "engine.sequence", "engine.outputs",
+    "engine.prefix_hash", "engine.block_manager", "engine.scheduler", "engine.detokenizer",
+    "engine.memory_budget", "engine.tokenizer", "engine.cuda_graphs",
 ]  # fmt: skip
 
 

@@ -17,7 +17,7 @@ from aiohttp import web
 from prometheus_client import generate_latest
 
 from kvscale.signals.source import PodAddress
-from kvscale_engine.metrics import EngineMetrics, FinishedRequest, StatsSnapshot
+from kvscale_engine.server.metrics import EngineMetrics, FinishedRequest, StatsSnapshot
 
 
 def engine_metrics() -> EngineMetrics:

@@ -10,8 +10,8 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel
 from starlette.types import Receive, Scope, Send
 
-from kvscale_engine.generation import Generation
-from kvscale_engine.protocol import (
+from kvscale_engine.server.generation import Generation
+from kvscale_engine.server.protocol import (
     SSE_DONE,
     ChatChoice,
     ChatChunkChoice,

@@ -1,4 +1,4 @@
-"""The one background loop that drives the engine for the server.
+"""The engine's own thread: the server hands every engine call to it and awaits the result.
 
 Every engine call (add, abort, step, stats) runs on one worker thread, so the engine needs no
 locks and the event loop stays free to accept connections and stream tokens while a step runs.
@@ -15,8 +15,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TypeVar
 
-from kvscale_engine.llm_engine import LLMEngine
-from kvscale_engine.outputs import EngineStats, RequestOutput
+from kvscale_engine.engine.llm_engine import LLMEngine
+from kvscale_engine.engine.outputs import EngineStats, RequestOutput
 from kvscale_engine.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -41,7 +41,7 @@ class _StepResult:
     busy: bool
 
 
-class EngineLoop:
+class EngineThread:
     def __init__(self, engine: LLMEngine, on_stats: Callable[[EngineStats], None]) -> None:
         self.engine = engine
         self.error: BaseException | None = None
@@ -55,7 +55,7 @@ class EngineLoop:
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="engine-loop")
+        self._task = asyncio.create_task(self._run(), name="engine-steps")
 
     async def stop(self) -> None:
         if self._task is not None:

@@ -17,23 +17,23 @@ from typing import TYPE_CHECKING
 import torch
 
 from kvscale_engine.config import EngineConfig
-from kvscale_engine.cuda_graphs import GraphPlan, Replay, pad_decode
-from kvscale_engine.device_memory import measure_peak, total_bytes
-from kvscale_engine.layers.attention import BlockMaskFn, SeqSpan, build_metadata
-from kvscale_engine.layers.sampler import SampleRequest, sample, to_device
-from kvscale_engine.loader import load_model
-from kvscale_engine.memory_budget import (
+from kvscale_engine.engine.cuda_graphs import GraphPlan, Replay, pad_decode
+from kvscale_engine.engine.device_memory import measure_peak, total_bytes
+from kvscale_engine.engine.loader import load_model
+from kvscale_engine.engine.memory_budget import (
     MemoryBudget,
     estimated_activation_bytes,
     kv_block_bytes,
     plan_num_blocks,
 )
+from kvscale_engine.engine.scheduler import ScheduledBatch, ScheduledSeq
+from kvscale_engine.layers.attention import BlockMaskFn, SeqSpan, build_metadata
+from kvscale_engine.layers.sampler import SampleRequest, sample, to_device
 from kvscale_engine.model_config import ModelConfig
 from kvscale_engine.models.llama import KVCache
-from kvscale_engine.scheduler import ScheduledBatch, ScheduledSeq
 
 if TYPE_CHECKING:
-    from kvscale_engine.graph_runner import DecodeGraphs
+    from kvscale_engine.engine.graph_runner import DecodeGraphs
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -117,7 +117,7 @@ class ModelRunner:
 
     def _capture_graphs(self) -> None:
         """One extra KV block holds the padding rows' writes; then capture every bucket."""
-        from kvscale_engine.graph_runner import DecodeGraphs
+        from kvscale_engine.engine.graph_runner import DecodeGraphs
 
         c = self.config
         plan = GraphPlan.of(c.max_num_seqs, c.max_model_len, c.block_size, self.num_kv_blocks)

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence as Seq
 from typing import Protocol
 
-from kvscale_engine.sequence import FinishReason, Sequence
+from kvscale_engine.engine.sequence import FinishReason, Sequence
 
 REPLACEMENT_CHAR = "\ufffd"
 

@@ -1,7 +1,8 @@
-"""The engine loop: schedule a batch, run the model, fold the tokens back into the sequences.
+"""The engine: each step schedules a batch, runs the model and folds the tokens back in.
 
-Not thread-safe: call `add_request`, `abort_request` and `step` from one thread (the server runs
-them on one loop), so a step never sees a request vanish half-way.
+Not thread-safe: call `add_request`, `abort_request` and `step` from one thread (the server
+runs them on its engine thread, `server/engine_thread.py`), so a step never sees a request vanish
+half-way.
 """
 
 from __future__ import annotations
@@ -9,16 +10,16 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from kvscale_engine.block_manager import BlockManager
 from kvscale_engine.config import EngineConfig
-from kvscale_engine.detokenizer import Detokenizer
+from kvscale_engine.engine.block_manager import BlockManager
+from kvscale_engine.engine.detokenizer import Detokenizer
+from kvscale_engine.engine.model_runner import ModelRunner
+from kvscale_engine.engine.outputs import EngineStats, RequestOutput
+from kvscale_engine.engine.scheduler import ScheduledBatch, Scheduler
+from kvscale_engine.engine.sequence import Sequence
+from kvscale_engine.engine.tokenizer import Tokenizer
 from kvscale_engine.model_config import ModelConfig
-from kvscale_engine.model_runner import ModelRunner
-from kvscale_engine.outputs import EngineStats, RequestOutput
 from kvscale_engine.sampling_params import SamplingParams
-from kvscale_engine.scheduler import ScheduledBatch, Scheduler
-from kvscale_engine.sequence import Sequence
-from kvscale_engine.tokenizer import Tokenizer
 
 
 class RequestError(ValueError):
@@ -149,7 +150,7 @@ def load_tokenizer(config: EngineConfig) -> Tokenizer:
     source = Path(config.model_source)
     if (source / "tokenizer.json").exists():
         return Tokenizer.from_dir(source)
-    from kvscale_engine.checkpoint import EOS, build_tokenizer
+    from kvscale_engine.engine.checkpoint import EOS, build_tokenizer
 
     backend = build_tokenizer()
     return Tokenizer(backend, backend.token_to_id(EOS), None, {"eos_token": EOS})

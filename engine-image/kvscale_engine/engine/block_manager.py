@@ -12,8 +12,8 @@ import math
 from collections import OrderedDict, deque
 from dataclasses import dataclass
 
-from kvscale_engine.prefix_hash import NO_PARENT, block_hash, chain_hashes
-from kvscale_engine.sequence import Sequence
+from kvscale_engine.engine.prefix_hash import NO_PARENT, block_hash, chain_hashes
+from kvscale_engine.engine.sequence import Sequence
 
 
 @dataclass

@@ -86,104 +86,102 @@ class EngineMetrics:
         self.registry = CollectorRegistry(auto_describe=True)
         self._labels = (model_name, engine)
         self._last: StatsSnapshot | None = None
-        reg = self.registry
-        lab = list(LABELS)
         tokens = build_1_2_5_buckets(max_model_len)
-        self.running = Gauge(
-            "vllm:num_requests_running", "Number of requests in model execution batches.",
-            lab, registry=reg,
-        )  # fmt: skip
-        self.waiting = Gauge(
-            "vllm:num_requests_waiting", "Number of requests waiting to be processed.",
-            lab, registry=reg,
-        )  # fmt: skip
-        self.kv_usage = Gauge(
-            "vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.",
-            lab, registry=reg,
-        )  # fmt: skip
-        self.preemptions = Counter(
-            "vllm:num_preemptions", "Cumulative number of preemption from the engine.",
-            lab, registry=reg,
-        )  # fmt: skip
-        self.prompt_tokens = Counter(
-            "vllm:prompt_tokens", "Number of prefill tokens processed.", lab, registry=reg
+        gauge, counter, histogram = self._gauge, self._counter, self._histogram
+        self.running = gauge(
+            "vllm:num_requests_running", "Number of requests in model execution batches."
         )
-        self.generation_tokens = Counter(
-            "vllm:generation_tokens", "Number of generation tokens processed.", lab, registry=reg
+        self.waiting = gauge(
+            "vllm:num_requests_waiting", "Number of requests waiting to be processed."
         )
-        self.prefix_queries = Counter(
+        self.kv_usage = gauge(
+            "vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage."
+        )
+        self.preemptions = counter(
+            "vllm:num_preemptions", "Cumulative number of preemption from the engine."
+        )
+        self.prompt_tokens = counter("vllm:prompt_tokens", "Number of prefill tokens processed.")
+        self.generation_tokens = counter(
+            "vllm:generation_tokens", "Number of generation tokens processed."
+        )
+        self.prefix_queries = counter(
             "vllm:prefix_cache_queries",
-            "Prefix cache queries, in terms of number of queried tokens.", lab, registry=reg,
-        )  # fmt: skip
-        self.prefix_hits = Counter(
-            "vllm:prefix_cache_hits",
-            "Prefix cache hits, in terms of number of cached tokens.", lab, registry=reg,
-        )  # fmt: skip
-        self.request_success = Counter(
-            "vllm:request_success", "Count of successfully processed requests.",
-            [*lab, "finished_reason"], registry=reg,
-        )  # fmt: skip
-        self.ttft = Histogram(
+            "Prefix cache queries, in terms of number of queried tokens.",
+        )
+        self.prefix_hits = counter(
+            "vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens."
+        )
+        self.request_success = counter(
+            "vllm:request_success", "Count of successfully processed requests.", "finished_reason"
+        )
+        self.ttft = histogram(
             "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
-            lab, buckets=TTFT_BUCKETS, registry=reg,
+            TTFT_BUCKETS,
         )  # fmt: skip
-        self.itl = Histogram(
+        self.itl = histogram(
             "vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
-            lab, buckets=ITL_BUCKETS, registry=reg,
+            ITL_BUCKETS,
         )  # fmt: skip
-        self.e2e = Histogram(
+        self.e2e = histogram(
             "vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
-            lab, buckets=REQUEST_LATENCY_BUCKETS, registry=reg,
+            REQUEST_LATENCY_BUCKETS,
         )  # fmt: skip
-        self.queue_time = Histogram(
+        self.queue_time = histogram(
             "vllm:request_queue_time_seconds",
-            "Histogram of time spent in WAITING phase for request.",
-            lab, buckets=REQUEST_LATENCY_BUCKETS, registry=reg,
+            "Histogram of time spent in WAITING phase for request.", REQUEST_LATENCY_BUCKETS,
         )  # fmt: skip
-        self.request_prompt_tokens = Histogram(
-            "vllm:request_prompt_tokens", "Number of prefill tokens processed.",
-            lab, buckets=tokens, registry=reg,
-        )  # fmt: skip
-        self.request_generation_tokens = Histogram(
-            "vllm:request_generation_tokens", "Number of generation tokens processed.",
-            lab, buckets=tokens, registry=reg,
-        )  # fmt: skip
+        self.request_prompt_tokens = histogram(
+            "vllm:request_prompt_tokens", "Number of prefill tokens processed.", tokens
+        )
+        self.request_generation_tokens = histogram(
+            "vllm:request_generation_tokens", "Number of generation tokens processed.", tokens
+        )
         self.cache_config_info = Gauge(
             "vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
-            [*CACHE_INFO_LABELS, "engine"], registry=reg,
+            [*CACHE_INFO_LABELS, "engine"], registry=self.registry,
         )  # fmt: skip
         # kvscale's own
-        self.kv_blocks_total = Gauge(
-            "kvscale:kv_blocks_total", "KV-cache blocks the engine allocated.", lab, registry=reg
+        self.kv_blocks_total = gauge(
+            "kvscale:kv_blocks_total", "KV-cache blocks the engine allocated."
         )
-        self.kv_blocks_free = Gauge(
-            "kvscale:kv_blocks_free", "KV-cache blocks free (including evictable cached blocks).",
-            lab, registry=reg,
-        )  # fmt: skip
-        self.admission_rejections = Counter(
+        self.kv_blocks_free = gauge(
+            "kvscale:kv_blocks_free", "KV-cache blocks free (including evictable cached blocks)."
+        )
+        self.admission_rejections = counter(
             "kvscale:admission_rejections",
             "Requests refused by admission control, by reason and traffic class.",
-            [*lab, "reason", "traffic_class"], registry=reg,
+            "reason", "traffic_class",
         )  # fmt: skip
-        self.queue_wait = Histogram(
+        self.queue_wait = histogram(
             "kvscale:admission_queue_wait_seconds",
             "Time admitted requests waited in the admission queue, by traffic class.",
-            [*lab, "traffic_class"], buckets=TTFT_BUCKETS,
-            registry=reg,
+            TTFT_BUCKETS, "traffic_class",
         )  # fmt: skip
-        self.admission_queued = Gauge(
+        self.admission_queued = gauge(
             "kvscale:admission_queue_depth", "Requests waiting for admission, by traffic class.",
-            [*lab, "traffic_class"], registry=reg,
+            "traffic_class",
         )  # fmt: skip
-        self.admission_in_flight = Gauge(
+        self.admission_in_flight = gauge(
             "kvscale:admission_in_flight", "Admitted requests in the engine, by traffic class.",
-            [*lab, "traffic_class"], registry=reg,
+            "traffic_class",
         )  # fmt: skip
-        self.ready = Gauge(
-            "kvscale:ready", "1 when the server is loaded, warmed up and not draining.",
-            lab, registry=reg,
-        )  # fmt: skip
+        self.ready = gauge(
+            "kvscale:ready", "1 when the server is loaded, warmed up and not draining."
+        )
         self._touch(traffic_classes)
+
+    # every series carries the model and engine labels, on this app's registry
+
+    def _gauge(self, name: str, doc: str, *labels: str) -> Gauge:
+        return Gauge(name, doc, [*LABELS, *labels], registry=self.registry)
+
+    def _counter(self, name: str, doc: str, *labels: str) -> Counter:
+        return Counter(name, doc, [*LABELS, *labels], registry=self.registry)
+
+    def _histogram(self, name: str, doc: str, buckets: Iterable[float], *labels: str) -> Histogram:
+        return Histogram(
+            name, doc, [*LABELS, *labels], buckets=tuple(buckets), registry=self.registry
+        )
 
     def _touch(self, traffic_classes: Iterable[str]) -> None:
         """Create every labelled child up front, so each series exists from the first scrape."""

@@ -14,9 +14,9 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from kvscale_engine.block_manager import BlockManager
 from kvscale_engine.config import EngineConfig
-from kvscale_engine.sequence import FinishReason, Sequence, SequenceStatus
+from kvscale_engine.engine.block_manager import BlockManager
+from kvscale_engine.engine.sequence import FinishReason, Sequence, SequenceStatus
 
 StopChecker = Callable[[Sequence], FinishReason | None]
 

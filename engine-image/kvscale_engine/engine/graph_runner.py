@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from kvscale_engine.cuda_graphs import INT32, DecodeRows, GraphPlan
+from kvscale_engine.engine.cuda_graphs import INT32, DecodeRows, GraphPlan
 from kvscale_engine.layers.attention import AttentionMetadata
 from kvscale_engine.models.llama import KVCache
 

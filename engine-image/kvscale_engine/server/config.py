@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvscale_engine.admission import AdmissionConfigError, TrafficClass
 from kvscale_engine.config import ConfigError
+from kvscale_engine.server.admission import AdmissionConfigError, TrafficClass
 
 CLASS_HEADER = "x-kvscale-class"
 

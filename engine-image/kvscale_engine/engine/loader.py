@@ -8,9 +8,9 @@ from contextlib import contextmanager
 import torch
 
 from kvscale_engine.config import ConfigError, EngineConfig
+from kvscale_engine.engine.weights import init_param, iter_checkpoint
 from kvscale_engine.model_config import ModelConfig
 from kvscale_engine.models.llama import LlamaForCausalLM
-from kvscale_engine.weights import init_param, iter_checkpoint
 
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 

@@ -10,6 +10,10 @@ queue wait.
 
 Pure logic: time is passed in, nothing here blocks or sleeps. Higher `priority` is served first,
 as in the LLMEndpoint spec and the engine's scheduler.
+
+The --traffic-classes format is defined once, in engine-image/traffic-classes.schema.json; the
+router parses the same flag with its own code (the packages may not import each other), and
+tests/unit/test_traffic_class_schema.py holds both parsers to that file.
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ class TrafficClass:
     max_queue_wait_s: float = 10.0
 
     def __post_init__(self) -> None:
-        if not re.fullmatch(r"[A-Za-z0-9_.-]{1,63}", self.name):
+        if not isinstance(self.name, str) or not re.fullmatch(r"[A-Za-z0-9_.-]{1,63}", self.name):
             raise AdmissionConfigError(f"traffic class name {self.name!r} is not a simple name")
         if self.max_concurrency is not None and self.max_concurrency < 1:
             raise AdmissionConfigError(f"{self.name}: maxConcurrency must be >= 1")
@@ -317,7 +321,9 @@ def traffic_class_from_mapping(raw: Mapping[str, Any]) -> TrafficClass:
             raise AdmissionConfigError(f"unknown traffic class field {key!r}")
         if target == "max_queue_wait_s":
             value = parse_duration_s(value)
-        elif target != "name" and value is not None and not _is_int(value):
+        elif target == "max_concurrency" and value is None:
+            pass  # only the replica-wide limit applies
+        elif target != "name" and not _is_int(value):
             raise AdmissionConfigError(f"{key} must be an integer, got {value!r}")
         fields[target] = value
     return TrafficClass(**fields)
@@ -338,4 +344,7 @@ def parse_traffic_classes(text: str | None) -> tuple[TrafficClass, ...]:
     items: Iterable[Any] = [raw] if isinstance(raw, dict) else raw
     if not isinstance(items, list) or not all(isinstance(i, dict) for i in items) or not items:
         raise AdmissionConfigError("--traffic-classes must be a JSON list of objects")
-    return tuple(traffic_class_from_mapping(i) for i in items)
+    classes = tuple(traffic_class_from_mapping(i) for i in items)
+    if len({c.name for c in classes}) != len(classes):
+        raise AdmissionConfigError("traffic class names must be unique")
+    return classes

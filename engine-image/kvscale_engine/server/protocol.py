@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 TokenIds = list[Annotated[int, Field(ge=0)]]
 FinishReason = Literal["stop", "length", "abort"]
+Choice = TypeVar("Choice", bound=BaseModel)
 
 
 class _Strict(BaseModel):
@@ -147,6 +148,16 @@ class UsageInfo(BaseModel):
     prompt_tokens_details: dict[str, int] | None = None
 
 
+class _Response(BaseModel, Generic[Choice]):
+    """What every completion response and chunk starts with; `object` names the kind."""
+
+    id: str
+    object: str
+    created: int
+    model: str
+    choices: list[Choice]
+
+
 class CompletionChoice(BaseModel):
     index: int
     text: str
@@ -154,12 +165,8 @@ class CompletionChoice(BaseModel):
     finish_reason: FinishReason | None = None
 
 
-class CompletionResponse(BaseModel):
-    id: str
+class CompletionResponse(_Response[CompletionChoice]):
     object: Literal["text_completion"] = "text_completion"
-    created: int
-    model: str
-    choices: list[CompletionChoice]
     usage: UsageInfo | None = None
 
 
@@ -175,12 +182,8 @@ class ChatChoice(BaseModel):
     finish_reason: FinishReason | None = None
 
 
-class ChatCompletionResponse(BaseModel):
-    id: str
+class ChatCompletionResponse(_Response[ChatChoice]):
     object: Literal["chat.completion"] = "chat.completion"
-    created: int
-    model: str
-    choices: list[ChatChoice]
     usage: UsageInfo
 
 
@@ -191,12 +194,8 @@ class ChatChunkChoice(BaseModel):
     finish_reason: FinishReason | None = None
 
 
-class ChatCompletionChunk(BaseModel):
-    id: str
+class ChatCompletionChunk(_Response[ChatChunkChoice]):
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
-    created: int
-    model: str
-    choices: list[ChatChunkChoice]
     usage: UsageInfo | None = None
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvscale_engine.sequence import FinishReason
+from kvscale_engine.engine.sequence import FinishReason
 
 
 @dataclass(frozen=True)

@@ -11,19 +11,10 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
-from kvscale_engine.admission import TrafficClass
-from kvscale_engine.engine_loop import EngineLoop, Item
-from kvscale_engine.metrics import EngineMetrics, FinishedRequest
-from kvscale_engine.outputs import RequestOutput
-
-
-@dataclass
-class Admitted:
-    ticket: int
-    traffic_class: TrafficClass
-    arrival: float
-    released: bool = False
-    used_tokens: int | None = None  # KV tokens its sequences reached, set when it ends
+from kvscale_engine.engine.outputs import RequestOutput
+from kvscale_engine.server.admission_queue import Admitted
+from kvscale_engine.server.engine_thread import EngineThread, Item
+from kvscale_engine.server.metrics import EngineMetrics, FinishedRequest
 
 
 @dataclass
@@ -43,7 +34,7 @@ class Track:
 class Generation:
     """The engine requests behind one HTTP request (n of them), read from one queue."""
 
-    engine_loop: EngineLoop
+    engine_thread: EngineThread
     metrics: EngineMetrics
     release: Callable[[Admitted], None]
     admitted: Admitted
@@ -70,7 +61,7 @@ class Generation:
         now = time.monotonic()
         for request_id, track in self.tracks.items():
             if not track.finished:
-                self.engine_loop.abort(request_id)
+                self.engine_thread.abort(request_id)
                 self._finished(track, "abort", track.generated, None, now)
         self.admitted.used_tokens = sum(
             self.num_prompt_tokens + t.generated for t in self.tracks.values()

@@ -15,8 +15,8 @@ import torch
 from safetensors.torch import save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from kvscale_engine.engine.weights import init_weights
 from kvscale_engine.model_config import NAMED_ARCHS, ModelConfig
-from kvscale_engine.weights import init_weights
 
 BOS, EOS = "<s>", "</s>"
 SPECIAL_TOKENS = [BOS, EOS, "<|system|>", "<|user|>", "<|assistant|>"]

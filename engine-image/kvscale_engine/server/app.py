@@ -19,8 +19,11 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException
 
-from kvscale_engine.metrics import CONTENT_TYPE, EngineMetrics
-from kvscale_engine.protocol import (
+from kvscale_engine.sampling_params import SamplingError, SamplingParams
+from kvscale_engine.server.admission_queue import Refused
+from kvscale_engine.server.config import CLASS_HEADER, ServerConfig
+from kvscale_engine.server.metrics import CONTENT_TYPE, EngineMetrics
+from kvscale_engine.server.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     ModelCard,
@@ -28,13 +31,12 @@ from kvscale_engine.protocol import (
     error_body,
     now_s,
 )
-from kvscale_engine.responses import Formatter, GenerationStream, collect, stream_events
-from kvscale_engine.sampling_params import SamplingError, SamplingParams
-from kvscale_engine.server_config import CLASS_HEADER, ServerConfig
-from kvscale_engine.serving import EngineSource, Refused, ServerState
+from kvscale_engine.server.responses import Formatter, GenerationStream, collect, stream_events
+from kvscale_engine.server.state import EngineSource, ServerState
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+Body = TypeVar("Body", CompletionRequest, ChatCompletionRequest)
 JSON = "application/json"
 
 
@@ -249,20 +251,14 @@ def _float_param(request: Request, name: str, default: float) -> float:
 def _add_openai_routes(app: FastAPI) -> None:
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
-        state = _state(request)
-        body = await _parse(request, CompletionRequest)
-        state.require_loaded()
-        _check_model(state, body.model)
+        state, body = await _accept(request, CompletionRequest)
         prompt = body.single_prompt
         ids = state.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         return await _serve(request, body, ids, chat=False)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
-        state = _state(request)
-        body = await _parse(request, ChatCompletionRequest)
-        state.require_loaded()
-        _check_model(state, body.model)
+        state, body = await _accept(request, ChatCompletionRequest)
         try:
             text = state.tokenizer.apply_chat_template(body.chat_messages())
         except ValueError as exc:
@@ -271,11 +267,17 @@ def _add_openai_routes(app: FastAPI) -> None:
         return await _serve(request, body, ids, chat=True)
 
 
-def _check_model(state: ServerState, model: str | None) -> None:
+async def _accept(request: Request, kind: type[Body]) -> tuple[ServerState, Body]:
+    """The parsed body of a request the server can take: loaded, and the model is the one served."""
+    state = _state(request)
+    body = await _parse(request, kind)
+    state.require_loaded()
+    model = body.model
     if model is not None and model != state.config.served_model_name:
         raise ClientError(
             f"The model {model!r} does not exist", status=404, param="model", code="model_not_found"
         )
+    return state, body
 
 
 def _sampling(
