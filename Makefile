@@ -86,7 +86,7 @@ cluster-down: venv
 	$(E2E_PATH) $(BIN)/python -m kvscale_cluster down
 
 bench: venv
-	$(E2E_PATH) $(BIN)/python -m bench
+	$(BIN)/python -m bench
 
 # sweep the real engine on this machine into operator/kvscale/profiles/<name>.json
 profile: venv

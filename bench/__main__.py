@@ -6,6 +6,7 @@ import argparse
 import importlib
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -14,6 +15,10 @@ import torch
 from bench.machine import describe
 
 RESULTS = Path(__file__).parent / "results"
+# the local-cluster harness (free ports, spec builders, the cluster) is not installed with
+# kvscale: the benchmarks (and the processes they start) find it in the source tree, as the
+# tests do (pytest's `pythonpath`)
+HARNESS = Path(__file__).resolve().parent.parent / "e2e"
 
 # name -> module with `run(quick: bool) -> dict`; results land in bench/results/<name>.json
 BENCHMARKS = {
@@ -39,6 +44,11 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="tiny sizes, for smoke tests")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
+    if str(HARNESS) not in sys.path:  # for this process, and the benchmarks' own children
+        sys.path.append(str(HARNESS))
+        os.environ["PYTHONPATH"] = os.pathsep.join(
+            p for p in (os.environ.get("PYTHONPATH"), str(HARNESS)) if p
+        )
     torch.set_num_threads(len(os.sched_getaffinity(0)))
     args.out.mkdir(parents=True, exist_ok=True)
     for name in args.names or list(BENCHMARKS):

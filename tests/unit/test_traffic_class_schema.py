@@ -19,8 +19,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvscale import children, engine_args, router_children
 from kvscale.api.v1alpha1 import LLMEndpointSpec
+from kvscale.children import engine, engine_args
+from kvscale.children import router as router_children
 from kvscale_engine.server import admission as engine_admission
 from kvscale_router import admission as router_admission
 
@@ -233,7 +234,7 @@ def test_the_operators_rendered_flag_is_valid_and_both_parsers_read_the_spec_fro
             "trafficClasses": classes,
         }
     )
-    owner = children.Owner("chat", "team-a", "uid-1")
+    owner = engine.Owner("chat", "team-a", "uid-1")
     rendered = {
         "engine": _flag(engine_args.kvscale_args(spec)),
         "router": _flag(router_children.router_args(owner, spec)),
