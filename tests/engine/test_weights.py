@@ -3,7 +3,7 @@
 A GPU is not available to every run of this tier, so the device independence is checked through
 its cause: the values equal an independent NumPy computation of the same integer hash and float32
 steps, all of which are exact or correctly rounded (IEEE 754), so CUDA and a CPU give the same bits.
-`bench/gpu_check.sh` also runs `test_dummy_weights_of_a_directory_equal_its_checkpoint` on CUDA.
+No run on CUDA has checked the bits themselves yet (the test named here before did not exist).
 """
 
 from __future__ import annotations
