@@ -12,8 +12,8 @@ K8S_BIN = $(shell e2e/k8sbin/build.sh)
 # benchmarks that start a cluster, run from the source tree
 E2E_PATH := PYTHONPATH=$(CURDIR)/e2e
 
-.PHONY: profile prereqs venv system-deps k8s lint typecheck imports crds test test-unit test-engine \
-	test-controlplane test-e2e test-fresh demo bench cluster-up cluster-down image clean
+.PHONY: profile prereqs venv system-deps k8s vllm lint typecheck imports crds test test-unit \
+	test-engine test-controlplane test-e2e test-fresh demo bench cluster-up cluster-down image clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -36,6 +36,11 @@ system-deps:
 
 k8s:
 	e2e/k8sbin/build.sh
+
+# vLLM's CPU build in its own venv under ~/.cache/kvscale/vllm/<version>/ (once; ~6 GB), for the
+# vLLM tests and the engine-vs-vLLM benchmark; prints the venv folder
+vllm:
+	e2e/vllm/install.sh
 
 lint: venv
 	$(BIN)/ruff check operator engine-image e2e tests bench

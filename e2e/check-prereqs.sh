@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Checks what `make test` and `make demo` need before they start, and prints everything missing
-# at once (exit 1), or nothing (exit 0):
+# at once (exit 1), or nothing but notes (exit 0):
 #   - Python >= 3.11 ($PY, default python3) with venv, for .venv;
 #   - a Go toolchain at least as new as e2e/k8sbin/go.mod's `go` line, unless the control-plane
 #     binaries are already built in the cache;
@@ -9,6 +9,7 @@
 # The system packages that `make system-deps` installs (Prometheus for promtool and the cluster,
 # iproute2; with FRESH=1 Docker's engine and debootstrap for `make test-fresh`) are named too: as
 # a note when this machine can install them itself (root and apt-get), else as missing.
+# It also notes (without failing) a vLLM venv not yet built: only the vLLM tests need it.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-python3}
@@ -55,6 +56,11 @@ if [ -n "$packages" ]; then
   else
     missing+=("system packages: $packages (apt-get install -y $packages, as root)")
   fi
+fi
+
+vllm="${KVSCALE_CACHE:-$HOME/.cache/kvscale}/vllm/$(cat e2e/vllm/VERSION)"
+if [ ! -f "$vllm/.installed-stamp" ]; then
+  echo "Note: the vLLM venv ($vllm) is to be built by make vllm (only the vLLM tests need it)" >&2
 fi
 
 if [ "${#missing[@]}" -gt 0 ]; then

@@ -198,10 +198,14 @@ def test_queries_select_the_ready_pods_of_the_namespace() -> None:
     assert q.counter(CounterKey.PROMPT_TOKENS) == (
         f"sum by (pod) (rate(vllm:prompt_tokens_total{sel}[60000ms]))"
         f" or sum by (pod) (rate(vllm:prompt_tokens{sel}[60000ms]))"
+        f" or sum by (pod) (rate(sglang:prompt_tokens_total{sel}[60000ms]))"
+        f" or sum by (pod) (rate(sglang:prompt_tokens{sel}[60000ms]))"
     )
     assert q.quantile(HistogramKey.ITL, 0.99, by_pod=False) == (
         f"histogram_quantile(0.99, sum by (le) (rate(vllm:inter_token_latency_seconds_bucket{sel}"
         f"[60000ms])) or sum by (le) (rate(vllm:time_per_output_token_seconds_bucket{sel}"
+        f"[60000ms])) or sum by (le) (rate(sglang:inter_token_latency_seconds_bucket{sel}"
+        f"[60000ms])) or sum by (le) (rate(sglang:time_per_output_token_seconds_bucket{sel}"
         f"[60000ms])))"
     )
     assert 'finished_reason!="abort"' in q.counter(CounterKey.SUCCESSES)

@@ -1,10 +1,13 @@
-"""The metric contract the signals read: vLLM's names, with every spelling vLLM has used.
+"""The metric contract the signals read: vLLM's names in every spelling it has used, and SGLang's.
 
 kvscale's engine exports vLLM's names, so one table serves `engine.kind: kvscale` and `vllm`.
 vLLM renamed several metrics across versions and, for a while, exported the old and the new name
 side by side (v0.10 has both `vllm:kv_cache_usage_perc` and the deprecated
 `vllm:gpu_cache_usage_perc`): each signal lists its spellings newest first, and a reader takes the
-first one present, never the sum of two.
+first one present, never the sum of two; 0.32 exports only the new ones. SGLang's spellings
+follow vLLM's: a replica exports one engine's names, so they never meet. SGLang has no preemption
+or refusal counter (its retractions are a gauge reset at each log line), so those two signals
+read nothing from it.
 """
 
 from __future__ import annotations
@@ -45,35 +48,65 @@ class Spelling:
     combine: str = "sum"  # how the series of one replica add up: sum | max | mean
 
 
+ENGINES = ("vllm", "sglang")  # the metric prefixes of the engines whose names the contract reads
+
 COUNTERS: dict[CounterKey, Spelling] = {
-    CounterKey.PROMPT_TOKENS: Spelling(("vllm:prompt_tokens",)),
-    CounterKey.GENERATION_TOKENS: Spelling(("vllm:generation_tokens",)),
+    CounterKey.PROMPT_TOKENS: Spelling(("vllm:prompt_tokens", "sglang:prompt_tokens")),
+    CounterKey.GENERATION_TOKENS: Spelling(("vllm:generation_tokens", "sglang:generation_tokens")),
     CounterKey.PREEMPTIONS: Spelling(("vllm:num_preemptions",)),
-    # vLLM V1 counts aborted requests under request_success{finished_reason="abort"}
-    CounterKey.SUCCESSES: Spelling(("vllm:request_success",), (("finished_reason", "abort"),)),
-    CounterKey.PREFIX_QUERIES: Spelling(
-        ("vllm:prefix_cache_queries", "vllm:gpu_prefix_cache_queries")
+    # vLLM V1 counts aborted requests under request_success{finished_reason="abort"}, and 0.32
+    # failed ones under "error"; SGLang's finished requests include its aborted ones (they serve a
+    # tokens-per-request estimate, not a verdict)
+    CounterKey.SUCCESSES: Spelling(
+        ("vllm:request_success", "sglang:num_requests"),
+        (("finished_reason", "abort"), ("finished_reason", "error")),
     ),
-    CounterKey.PREFIX_HITS: Spelling(("vllm:prefix_cache_hits", "vllm:gpu_prefix_cache_hits")),
-    # a draining replica refuses by design: that is not demand the fleet failed to carry
-    CounterKey.REFUSALS: Spelling(("kvscale:admission_rejections",), (("reason", "draining"),)),
+    # SGLang counts cached prompt tokens against its prompt tokens (cached ones included)
+    CounterKey.PREFIX_QUERIES: Spelling(
+        ("vllm:prefix_cache_queries", "vllm:gpu_prefix_cache_queries", "sglang:prompt_tokens")
+    ),
+    CounterKey.PREFIX_HITS: Spelling(
+        ("vllm:prefix_cache_hits", "vllm:gpu_prefix_cache_hits", "sglang:cached_tokens")
+    ),
+    # a draining replica refuses by design: that is not demand the fleet failed to carry.
+    # vLLM (0.32) counts refusals only when a queue limit is set (--max-num-queued-reqs/-tokens)
+    CounterKey.REFUSALS: Spelling(
+        ("kvscale:admission_rejections", "vllm:admission_rejections"), (("reason", "draining"),)
+    ),
 }
 
 GAUGES: dict[GaugeKey, Spelling] = {
-    GaugeKey.RUNNING: Spelling(("vllm:num_requests_running",)),
-    GaugeKey.WAITING: Spelling(("vllm:num_requests_waiting",)),
+    GaugeKey.RUNNING: Spelling(("vllm:num_requests_running", "sglang:num_running_reqs")),
+    # vLLM 0.32 splits its waiting requests by reason too (capacity, deferred): they add up to it
+    GaugeKey.WAITING: Spelling(
+        (
+            "vllm:num_requests_waiting",
+            "vllm:num_requests_waiting_by_reason",
+            "sglang:num_queue_reqs",
+        )
+    ),
     # data-parallel ranks each report their own pool: the fullest one preempts first
     GaugeKey.KV_USAGE: Spelling(
-        ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"), combine="max"
+        ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage"),
+        combine="max",
     ),
+    # not SGLang's cache_hit_rate: that is the last prefill batch's, and decode steps zero it
     GaugeKey.PREFIX_HIT_RATE: Spelling(("vllm:gpu_prefix_cache_hit_rate",), combine="mean"),
     GaugeKey.PENDING: Spelling(("kvscale_router:pending_requests",)),
 }
 
 HISTOGRAMS: dict[HistogramKey, Spelling] = {
-    HistogramKey.TTFT: Spelling(("vllm:time_to_first_token_seconds",)),
+    HistogramKey.TTFT: Spelling(
+        ("vllm:time_to_first_token_seconds", "sglang:time_to_first_token_seconds")
+    ),
+    # not vLLM 0.32's request_time_per_output_token_seconds: one mean per request, not per token
     HistogramKey.ITL: Spelling(
-        ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds")
+        (
+            "vllm:inter_token_latency_seconds",
+            "vllm:time_per_output_token_seconds",
+            "sglang:inter_token_latency_seconds",
+            "sglang:time_per_output_token_seconds",
+        )
     ),
 }
 
@@ -105,3 +138,14 @@ def sample_names() -> frozenset[str]:
 def created_sample_names() -> tuple[str, ...]:
     """Where the counters' zero point is read: an engine creates all its series at start."""
     return tuple(f"{family}_created" for family in COUNTERS[CounterKey.PROMPT_TOKENS].names)
+
+
+def engine_of(family: str) -> str | None:
+    """The engine whose names `family` is spelt in (`vllm`, `sglang`), if one the contract reads."""
+    prefix = family.split(":", 1)[0]
+    return prefix if prefix in ENGINES and ":" in family else None
+
+
+def spelt_for(spelling: Spelling, engine: str | None) -> str:
+    """The family to name when `spelling` is absent from an engine's /metrics: its own newest."""
+    return next((n for n in spelling.names if engine_of(n) == engine), spelling.names[0])

@@ -152,7 +152,18 @@ def _troubles(scraped: list[Scraped], unread: list[str], no_window: list[str]) -
     if names:
         why = f"Metrics of {replicas_named(names)} could not be read ({errors[names[0]]})"
         troubles.append(Trouble(Problem.UNREACHABLE, why))
-    incomplete = {s.pod: gone for s in scraped if s.sample and (gone := s.sample.missing())}
+    foreign = sorted(s.pod for s in scraped if s.sample and s.sample.read_nothing)
+    if foreign:
+        why = (
+            f"Metrics of {replicas_named(foreign)} carry none of the series kvscale reads "
+            f"(vLLM's or SGLang's names)"
+        )
+        troubles.append(Trouble(Problem.MISSING, why))
+    incomplete = {
+        s.pod: gone
+        for s in scraped
+        if s.sample and not s.sample.read_nothing and (gone := s.sample.missing())
+    }
     if incomplete:
         names = sorted(incomplete)
         why = f"Metrics of {replicas_named(names)} lack {', '.join(incomplete[names[0]])}"

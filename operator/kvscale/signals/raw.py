@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from kvscale.signals.contract import (
     COUNTERS,
+    ENGINES,
     GAUGES,
     HISTOGRAMS,
     REQUIRED_COUNTERS,
@@ -24,7 +25,9 @@ from kvscale.signals.contract import (
     Spelling,
     counter_sample_names,
     created_sample_names,
+    engine_of,
     sample_names,
+    spelt_for,
 )
 from kvscale.signals.exposition import Exposition, Point, parse_exposition
 
@@ -57,15 +60,21 @@ class RawSample:
     gauges: Mapping[GaugeKey, float] = field(default_factory=dict)
     histograms: Mapping[HistogramKey, Buckets] = field(default_factory=dict)
     started_at: float | None = None  # when the counters began (`_created`), if exported
+    engine: str | None = None  # whose names it exports (`vllm`, `sglang`), if any the contract's
+
+    @property
+    def read_nothing(self) -> bool:
+        """No series of the contract at all: not an engine whose names kvscale reads."""
+        return not (self.counters or self.gauges or self.histograms)
 
     def missing(self, router: bool = False) -> tuple[str, ...]:
-        """The contract's metric families this sample lacks (empty when complete)."""
+        """The contract's families this sample lacks (none when complete), in its engine's names."""
         if router:
             return () if GaugeKey.PENDING in self.gauges else GAUGES[GaugeKey.PENDING].names[:1]
-        gone = [COUNTERS[k].names[0] for k in REQUIRED_COUNTERS if k not in self.counters]
-        gone += [GAUGES[k].names[0] for k in REQUIRED_GAUGES if k not in self.gauges]
-        gone += [HISTOGRAMS[k].names[0] for k in REQUIRED_HISTOGRAMS if k not in self.histograms]
-        return tuple(gone)
+        gone = [COUNTERS[k] for k in REQUIRED_COUNTERS if k not in self.counters]
+        gone += [GAUGES[k] for k in REQUIRED_GAUGES if k not in self.gauges]
+        gone += [HISTOGRAMS[k] for k in REQUIRED_HISTOGRAMS if k not in self.histograms]
+        return tuple(spelt_for(spelling, self.engine) for spelling in gone)
 
     def zero(self, at: float) -> RawSample:
         """The same counters and histograms at zero, as they were when they began at `at`."""
@@ -78,6 +87,7 @@ class RawSample:
                 for k, h in self.histograms.items()
             },
             started_at=at,
+            engine=self.engine,
         )
 
 
@@ -96,6 +106,7 @@ def parse_replica(text: str, scraped_at: float) -> RawSample:
         gauges=gauges,
         histograms=histograms,
         started_at=_started_at(exposition),
+        engine=_engine(exposition),
     )
 
 
@@ -143,3 +154,9 @@ def _started_at(exposition: Exposition) -> float | None:
     """When the counters began (`_created` of the prompt-token counter), if exported."""
     created = [p.value for name in _CREATED for p in exposition.get(name, [])]
     return max(created) if created else None
+
+
+def _engine(exposition: Exposition) -> str | None:
+    """The engine whose names the exposition carries; vLLM's when (oddly) both appear."""
+    found = {engine_of(name) for name in exposition}
+    return next((e for e in ENGINES if e in found), None)

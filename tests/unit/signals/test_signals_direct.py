@@ -117,7 +117,14 @@ async def test_a_new_replica_that_fails_is_unreachable_and_one_without_metrics_m
         b.text = "python_gc_objects_collected_total 1\n"
         snap = await source.snapshot(target(a.address, b.address), time.time())
         assert snap.problem is Problem.MISSING
+        assert "replica b carry none of the series kvscale reads" in snap.message
+        b.text = "vllm:num_requests_running 1\n"
+        snap = await source.snapshot(target(a.address, b.address), time.time())
+        assert snap.problem is Problem.MISSING
         assert "replica b lack vllm:prompt_tokens" in snap.message
+        b.text = "sglang:num_running_reqs 1\n"
+        snap = await source.snapshot(target(a.address, b.address), time.time())
+        assert "replica b lack sglang:prompt_tokens" in snap.message
 
 
 async def test_a_first_reading_without_created_waits_for_a_second() -> None:

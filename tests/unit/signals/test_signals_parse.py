@@ -1,4 +1,4 @@
-"""Parsing one replica's /metrics into a typed raw sample: our engine's and vLLM's versions."""
+"""Parsing one replica's /metrics into a typed raw sample: our engine's, vLLM's and SGLang's."""
 
 from __future__ import annotations
 
@@ -66,6 +66,85 @@ def test_vllm_v0_10_prefers_new_spellings() -> None:
     assert old.gauges[GaugeKey.KV_USAGE] == 0.8125
     assert old.counters[CounterKey.PREFIX_HITS] == 21_088
     assert old.histograms[HistogramKey.ITL] == raw.histograms[HistogramKey.ITL]
+
+
+def test_a_real_vllm_0_32() -> None:
+    text = fixture("vllm_v0_32.txt")
+    raw = parse_replica(text, 0.0)
+    assert raw.missing() == () and raw.engine == "vllm"
+    assert raw.counters[CounterKey.PROMPT_TOKENS] == 45
+    assert raw.counters[CounterKey.GENERATION_TOKENS] == 72
+    assert raw.counters[CounterKey.SUCCESSES] == 6
+    assert raw.counters[CounterKey.REFUSALS] == 0  # vllm:admission_rejections, read
+    assert raw.counters[CounterKey.PREFIX_QUERIES] == 45
+    assert (raw.gauges[GaugeKey.RUNNING], raw.gauges[GaugeKey.WAITING]) == (0, 0)
+    assert raw.gauges[GaugeKey.KV_USAGE] == 0
+    assert raw.started_at is not None
+    assert raw.histograms[HistogramKey.TTFT].total == 6
+    assert raw.histograms[HistogramKey.ITL].total == 66  # 72 tokens less the 6 first ones
+    errors = text.replace(
+        'finished_reason="error",model_name="tiny-llama"} 0.0',
+        'finished_reason="error",model_name="tiny-llama"} 17.0',
+    )
+    assert errors.count("} 17.0") == 1
+    assert parse_replica(errors, 0.0).counters[CounterKey.SUCCESSES] == 6  # failures left out
+
+
+def test_a_real_vllm_0_32_past_its_queue_limit() -> None:
+    text = fixture("vllm_v0_32_busy.txt")
+    raw = parse_replica(text, 0.0)
+    assert raw.missing() == ()
+    assert (raw.gauges[GaugeKey.RUNNING], raw.gauges[GaugeKey.WAITING]) == (2, 2)
+    assert raw.gauges[GaugeKey.KV_USAGE] == pytest.approx(0.000977, rel=1e-3)  # a fraction
+    assert raw.counters[CounterKey.REFUSALS] == 6  # over --max-num-queued-reqs 4
+    assert raw.counters[CounterKey.SUCCESSES] == 0  # nothing finished yet
+    assert raw.counters[CounterKey.GENERATION_TOKENS] == 835
+    assert raw.histograms[HistogramKey.ITL].total == 833
+    # without the total, the waiting requests by reason (capacity, deferred) add up to it
+    by_reason = "\n".join(
+        line for line in text.splitlines() if not line.startswith("vllm:num_requests_waiting{")
+    )
+    assert parse_replica(by_reason, 0.0).gauges[GaugeKey.WAITING] == 2
+    assert "vllm:num_requests_waiting_by_reason" in by_reason
+
+
+def test_sglang_reads_as_the_same_signals() -> None:
+    raw = parse_replica(fixture("sglang_v0_5.txt"), scraped_at=100.0)
+    assert raw.missing() == () and raw.engine == "sglang"
+    assert raw.counters[CounterKey.PROMPT_TOKENS] == 48_200
+    assert raw.counters[CounterKey.GENERATION_TOKENS] == 21_000
+    assert raw.counters[CounterKey.SUCCESSES] == 100
+    assert raw.counters[CounterKey.PREFIX_QUERIES] == 48_200  # its prompt tokens
+    assert raw.counters[CounterKey.PREFIX_HITS] == 21_088  # its cached tokens
+    assert CounterKey.PREEMPTIONS not in raw.counters and CounterKey.REFUSALS not in raw.counters
+    assert (raw.gauges[GaugeKey.RUNNING], raw.gauges[GaugeKey.WAITING]) == (7, 3)
+    assert raw.gauges[GaugeKey.KV_USAGE] == 0.8125
+    assert GaugeKey.PREFIX_HIT_RATE not in raw.gauges  # its cache_hit_rate is per batch
+    assert raw.started_at is None  # multiprocess mode exports no _created
+    ttft, itl = raw.histograms[HistogramKey.TTFT], raw.histograms[HistogramKey.ITL]
+    assert ttft.total == 100 and itl.total == 2_000
+    assert len(ttft.bounds) == 19 and len(itl.bounds) == 24  # SGLang's bounds and +Inf
+    # SGLang's lowest TTFT bound is 100 ms: 70 of the 100 TTFTs fall in it
+    assert histogram_quantile(0.5, ttft) == pytest.approx(0.1 * 50 / 70)
+    assert histogram_quantile(0.99, ttft) == pytest.approx(1.0 + 1.0 * 1 / 2)
+    assert histogram_quantile(0.5, itl) == pytest.approx(0.015 + 0.005 * 1_000 / 1_500)
+    assert histogram_quantile(0.99, itl) == pytest.approx(0.1)
+
+
+def test_sglang_older_spelling_and_what_it_lacks_named_in_its_names() -> None:
+    text = fixture("sglang_v0_5.txt").replace(
+        "sglang:inter_token_latency_seconds", "sglang:time_per_output_token_seconds"
+    )
+    raw = parse_replica(text, 0.0)
+    assert raw.histograms[HistogramKey.ITL].total == 2_000
+    lacking = "\n".join(line for line in text.splitlines() if "time_per_output" not in line)
+    assert parse_replica(lacking, 0.0).missing() == ("sglang:inter_token_latency_seconds",)
+
+
+def test_nothing_of_the_contract_reads_as_nothing() -> None:
+    raw = parse_replica("tgi_queue_size 3\npython_gc_objects_collected_total 3\n", 0.0)
+    assert raw.read_nothing and raw.engine is None
+    assert not parse_replica(fixture("sglang_v0_5.txt"), 0.0).read_nothing
 
 
 def test_our_engine() -> None:
