@@ -123,11 +123,25 @@ def cpu_kv_cache_gib(spec: api.LLMEndpointSpec) -> int:
     return max(1, math.floor(memory * spec.engine.memory_fraction / GIB))
 
 
+def cpu_threads(spec: api.LLMEndpointSpec) -> int:
+    """Compute threads of a CPU replica: its whole CPUs, at least 1."""
+    return max(1, math.floor(api_rules.quantity_value(spec.resources.cpu)))
+
+
 def engine_env(spec: api.LLMEndpointSpec) -> list[dict[str, str]]:
-    """The engine container's environment."""
+    """The engine container's environment.
+
+    A CPU vLLM replica gets its KV space, and threads unbound and as many as its CPU limit: a
+    limit is a CFS quota over all of the node's cores, not a cpuset, so vLLM's automatic binding
+    would pin every replica on a node to the same core, where a busy one starves the others.
+    """
     env = [{"name": "HOME", "value": "/tmp"}]
     if spec.engine.kind == "vllm" and spec.resources.gpus_per_replica == 0:
-        env.append({"name": "VLLM_CPU_KVCACHE_SPACE", "value": str(cpu_kv_cache_gib(spec))})
+        env += [
+            {"name": "VLLM_CPU_KVCACHE_SPACE", "value": str(cpu_kv_cache_gib(spec))},
+            {"name": "VLLM_CPU_OMP_THREADS_BIND", "value": "nobind"},
+            {"name": "OMP_NUM_THREADS", "value": str(cpu_threads(spec))},
+        ]
     return env
 
 

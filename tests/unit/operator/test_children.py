@@ -120,10 +120,17 @@ def test_vllm_on_cpu_gets_its_kv_space_from_memory_not_a_gpu_fraction() -> None:
     assert "--gpu-memory-utilization" not in c["args"] and "--enable-prefix-caching" in c["args"]
     env = {e["name"]: e["value"] for e in c["env"]}
     assert env["VLLM_CPU_KVCACHE_SPACE"] == "1"  # a quarter of 6 GiB, whole GiB
-    tiny = spec(engine={"kind": "vllm", "memoryFraction": 0.1}, resources={"gpusPerReplica": 0})
-    assert engine_env(tiny)[-1] == {"name": "VLLM_CPU_KVCACHE_SPACE", "value": "1"}  # 0.8 GiB
+    # replicas share a node's cores (a limit is a quota, not a cpuset): no binding to core 0
+    assert env["VLLM_CPU_OMP_THREADS_BIND"] == "nobind" and env["OMP_NUM_THREADS"] == "2"
+    tiny = spec(
+        engine={"kind": "vllm", "memoryFraction": 0.1},
+        resources={"gpusPerReplica": 0, "cpu": "500m"},
+    )
+    tiny_env = {e["name"]: e["value"] for e in engine_env(tiny)}
+    assert tiny_env["VLLM_CPU_KVCACHE_SPACE"] == "1"  # 0.8 GiB, at least 1
+    assert tiny_env["OMP_NUM_THREADS"] == "1"  # half a CPU, at least one thread
     big = spec(engine={"kind": "vllm"}, resources={"gpusPerReplica": 0, "memory": "64G"})
-    assert engine_env(big)[-1]["value"] == "53"  # 0.9 of 64e9 bytes is 53.6 GiB
+    assert engine_env(big)[1]["value"] == "53"  # 0.9 of 64e9 bytes is 53.6 GiB
     kvscale_cpu = spec(resources={"gpusPerReplica": 0})
     assert engine_env(kvscale_cpu) == [{"name": "HOME", "value": "/tmp"}]
 
