@@ -182,6 +182,28 @@ async def test_a_vllm_scale_in_waits_for_the_victims_own_gauges_without_admin_ca
     assert admin.calls == []  # vLLM has no /drain
 
 
+async def test_demand_coming_back_keeps_a_vllm_victim_with_no_call_to_make(
+    monkeypatch: pytest.MonkeyPatch, kube: FakeKube, admin: Admin
+) -> None:
+    monkeypatch.setattr(capacity_loop, "decide", script([2, 3]))
+    load = VictimLoad()
+    source: Any = load
+    ctx = Context(kube=cast(Any, kube), source=lambda _: source, metrics=OperatorMetrics())
+    cap = CapacityLoop(
+        ctx, "ns", "chat", admin=httpx.AsyncClient(transport=httpx.MockTransport(admin))
+    )
+    body = {
+        **BODY,
+        "spec": {**SPEC, "engine": {"kind": "vllm"}, "scaling": {"capacityIntervalSeconds": 20}},
+    }
+    await cap.tick(body, 1000.0)
+    await cap.tick(body, 1005.0)  # weight 0 seen by the routers: its gauges are read
+    back = await cap.tick(body, 1020.0)
+    assert [e.reason for e in back.events] == ["DrainCancelled"] and cap.drain is None
+    assert admin.calls == [] and cap.desired(body) == 3 and kube.annotated == []
+    assert back.read is not None and back.read.draining == frozenset()  # its weight comes back
+
+
 async def test_demand_coming_back_undrains_the_victim(
     monkeypatch: pytest.MonkeyPatch, kube: FakeKube, admin: Admin
 ) -> None:
