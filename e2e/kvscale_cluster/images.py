@@ -4,6 +4,11 @@ There is no registry and no container runtime; an image's repository selects an 
 this Python environment, and ``command``/``args`` work as they would on a real node. Images are
 matched on their repository (tag and digest ignored, any registry prefix allowed), so the same
 manifests name real images on a real cluster.
+
+vLLM's image (`vllm/vllm-openai`) runs vLLM's OpenAI server from the venv that `make vllm`
+(e2e/vllm/install.sh) builds once under ``$KVSCALE_CACHE`` (default ``~/.cache/kvscale``): the
+version pinned in e2e/vllm/VERSION, whatever the image's tag. A missing venv refuses the pod
+(ErrImagePull) with a message naming `make vllm`.
 """
 
 from __future__ import annotations
@@ -17,6 +22,9 @@ from types import MappingProxyType
 from typing import Any
 
 VENV_BIN = Path(sys.executable).parent
+VLLM_VERSION_FILE = Path(__file__).resolve().parent.parent / "vllm" / "VERSION"
+VLLM_REPOSITORY = "vllm/vllm-openai"
+VLLM_SERVER = ("-m", "vllm.entrypoints.openai.api_server")  # its `vllm` script does not run here
 
 # repository -> entry point (the image's ENTRYPOINT); a bare name is a console script in VENV_BIN
 ENTRYPOINTS: Mapping[str, tuple[str, ...]] = MappingProxyType(
@@ -41,14 +49,33 @@ def repository(image: str) -> str:
     return name[:colon] if colon > slash else name
 
 
+def vllm_venv() -> Path:
+    """The cached vLLM venv (it may not exist yet)."""
+    cache = Path(os.environ.get("KVSCALE_CACHE") or Path.home() / ".cache" / "kvscale")
+    return cache / "vllm" / VLLM_VERSION_FILE.read_text().strip()
+
+
+def vllm_python(image: str) -> str:
+    """The cached vLLM venv's python, or an ImageError that says how to build it."""
+    venv = vllm_venv()
+    if not (venv / ".installed-stamp").exists():
+        raise ImageError(
+            f'Failed to pull image "{image}": vLLM is not installed for the process kubelet '
+            f"({venv} has no finished install); run `make vllm` (e2e/vllm/install.sh) once"
+        )
+    return str(venv / "bin" / "python")
+
+
 def entrypoint(image: str) -> list[str]:
     repo = repository(image)
+    if repo == VLLM_REPOSITORY or repo.endswith("/" + VLLM_REPOSITORY):
+        return [vllm_python(image), *VLLM_SERVER]
     for known, argv in ENTRYPOINTS.items():
         if repo == known or repo.endswith("/" + known):
             return list(argv)
     raise ImageError(
         f'Failed to pull image "{image}": the kvscale process kubelet has no command for '
-        f"repository {repo!r} (known: {', '.join(sorted(ENTRYPOINTS))})"
+        f"repository {repo!r} (known: {', '.join(sorted([*ENTRYPOINTS, VLLM_REPOSITORY]))})"
     )
 
 

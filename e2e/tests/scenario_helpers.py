@@ -98,15 +98,20 @@ def router_counters(api: Kube, namespace: str, endpoint: str) -> dict[tuple[str,
     return totals
 
 
-def engine_running(pod: dict[str, Any]) -> float:
-    """Requests the engine is generating for right now (its `vllm:num_requests_running`)."""
+def engine_metric(pod: dict[str, Any], name: str) -> float:
+    """A sample of the engine's `/metrics` (kvscale's or vLLM's), summed over its labels."""
     text = httpx.get(f"http://{pod['status']['podIP']}:{ENGINE_PORT}/metrics", timeout=5).text
     return sum(
         sample.value
         for family in text_string_to_metric_families(text)
         for sample in family.samples
-        if sample.name == "vllm:num_requests_running"
+        if sample.name == name
     )
+
+
+def engine_running(pod: dict[str, Any]) -> float:
+    """Requests the engine is generating for right now (its `vllm:num_requests_running`)."""
+    return engine_metric(pod, "vllm:num_requests_running")
 
 
 def upstream_failed(counters: dict[tuple[str, str], float], replica: str) -> float:

@@ -1,7 +1,7 @@
 """`kvscale-engine`: serve a model over the OpenAI API, or write the tiny test checkpoint.
 
     kvscale-engine serve --model DIR [--served-model-name NAME] [--port 8000] [engine flags]
-    kvscale-engine tiny-checkpoint DIR [--arch llama] [--seed 0]
+    kvscale-engine tiny-checkpoint DIR [--arch llama] [--seed 0] [--vllm]
 
 The flag names match the ones the operator renders into Deployments (and, where they overlap,
 vLLM's). The OpenAI API, probes and metrics listen on --port; POST /drain, GET /drain and
@@ -103,6 +103,9 @@ def build_parser() -> argparse.ArgumentParser:
     tiny.add_argument("path", type=Path)
     tiny.add_argument("--arch", default="llama")
     tiny.add_argument("--seed", type=int, default=0)
+    tiny.add_argument(
+        "--vllm", action="store_true", help="head_dim 64, which vLLM's CPU attention takes"
+    )
     return parser
 
 
@@ -216,9 +219,10 @@ class DrainingServer(uvicorn.Server):
 
 
 def tiny_checkpoint(args: argparse.Namespace) -> None:
-    from kvscale_engine.engine.checkpoint import write_tiny_checkpoint
+    from kvscale_engine.engine.checkpoint import VLLM_CPU_SIZES, write_tiny_checkpoint
 
-    write_tiny_checkpoint(args.path, arch=args.arch, seed=args.seed)
+    sizes = VLLM_CPU_SIZES if args.vllm else {}
+    write_tiny_checkpoint(args.path, arch=args.arch, seed=args.seed, **sizes)
     print(args.path)
 
 

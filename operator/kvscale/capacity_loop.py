@@ -197,7 +197,7 @@ class CapacityLoop:
             decision.message,
             decision.victim,
             self._ips.get(decision.victim or ""),
-            drainable=spec.engine.kind == "kvscale",
+            admin=spec.engine.kind == "kvscale",
             pinned=spec.pinned,
         )
         tick = await self._act(decided, tick)
@@ -230,12 +230,15 @@ class CapacityLoop:
                         in_flight = None
                     assert isinstance(event, drain.Ticked)
                     return await self._act(drain.Answered(event.now, in_flight), tick)
+                case drain.ReadLoad(pod=pod):
+                    assert isinstance(event, drain.Ticked)
+                    return await self._act(self._load(pod, event.now), tick)
                 case drain.Announce():
                     assert self.drain is not None
                     self.replicas = self.drain.current
                     tick = _with_event(tick, "DrainingReplica", _draining(self.drain))
                 case drain.Undrain(drain=cancelled):
-                    if cancelled.ip:
+                    if cancelled.ip and cancelled.admin:
                         with contextlib.suppress(httpx.HTTPError):
                             await engine_admin.cancel(self._client, cancelled.ip)
                     tick = _with_event(tick, "DrainCancelled", _cancelled(action))
@@ -251,6 +254,16 @@ class CapacityLoop:
                     self.replicas = replicas
                     tick = replace(tick, rescale=True, why=why)
         return tick
+
+    def _load(self, pod: str, now: float) -> drain.Answered:
+        """The victim's running and waiting requests from this tick's snapshot of its metrics."""
+        snap = self.latest
+        found = [r for r in snap.replicas if r.pod == pod] if snap is not None else []
+        if snap is None or snap.problem is not None or not found:
+            return drain.Answered(now, None)
+        replica = found[0]
+        busy = math.ceil(replica.running + replica.waiting)
+        return drain.Answered(now, busy, sampled_at=snap.taken_at - replica.sample_age_s)
 
 
 def _with_event(tick: Tick, reason: str, message: str) -> Tick:

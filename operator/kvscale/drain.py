@@ -3,17 +3,20 @@
 The capacity law names a victim; the replica then walks these steps, one routing tick at a time:
 
 1. `WeightZero`: the routing loop gives it weight 0, so routers stop picking it; after one
-   routing interval (when every router has read the new weights) the operator asks the replica
-   to drain (`POST /drain` on its admin port: readiness false, nothing new admitted).
+   routing interval (when every router has read the new weights) the operator asks a kvscale
+   replica to drain (`POST /drain` on its admin port: readiness false, nothing new admitted).
+   A replica without that admin API (vLLM) only loses its weight.
 2. `Draining`: the operator polls its in-flight requests until they reach 0, or until the drain
-   deadline passes.
+   deadline passes: `GET /drain` on a kvscale replica; on vLLM, its own running and waiting
+   gauges, from a sample taken once the routers had stopped picking it (an older sample can
+   miss a request the router sent just before).
 3. Done: the victim is marked with the lowest pod-deletion-cost and the replicas go down by one,
    so exactly that pod goes and no request fails.
 
 A decision that needs the victim again (as many replicas as it started from) cancels the drain
-(`POST /undrain`). `transition` is the whole machine: a state and an event in, the next state and
-the actions for the caller to carry out; the capacity loop performs the I/O and feeds the results
-back as events.
+(`POST /undrain` on a kvscale replica; on vLLM, its weight comes back). `transition` is the
+whole machine: a state and an event in, the next state and the actions for the caller to carry
+out; the capacity loop performs the I/O and feeds the results back as events.
 """
 
 from __future__ import annotations
@@ -42,6 +45,8 @@ class Drain:
     target: int
     why: str
     phase: Phase = Phase.WEIGHT_ZERO
+    admin: bool = True  # it has kvscale's admin API; else its metrics say when it is idle
+    quiet_from: float = 0.0  # metrics drain: from then on the routers send it nothing
 
 
 # -- events: what happened
@@ -57,7 +62,7 @@ class Decided:
     message: str
     victim: str | None = None
     ip: str | None = None
-    drainable: bool = True  # a kvscale engine (it has the admin API) and no pinned count
+    admin: bool = True  # a kvscale engine (it has the admin API); else drained by its metrics
     pinned: bool = False
 
 
@@ -71,10 +76,12 @@ class Ticked:
 
 @dataclass(frozen=True)
 class Answered:
-    """The victim's answer to an `AdminCall`: its unfinished requests, None if it did not answer."""
+    """The victim's answer to an `AdminCall` or a `ReadLoad`: its unfinished requests, None if it
+    did not answer (or its metrics lack it); `sampled_at`, when the metrics were read."""
 
     now: float
     in_flight: int | None
+    sampled_at: float | None = None
 
 
 Event = Decided | Ticked | Answered
@@ -97,6 +104,13 @@ class AdminCall:
 
 
 @dataclass(frozen=True)
+class ReadLoad:
+    """Read the victim's running and waiting requests from its metrics (this tick's snapshot)."""
+
+    pod: str
+
+
+@dataclass(frozen=True)
 class Undrain:
     """Cancel the drain on the replica (`ip` empty: it does not answer, nothing to send)."""
 
@@ -116,7 +130,7 @@ class ScaleTo:
     why: str
 
 
-Action = Announce | AdminCall | Undrain | MarkDeletionCost | ScaleTo
+Action = Announce | AdminCall | ReadLoad | Undrain | MarkDeletionCost | ScaleTo
 
 
 @dataclass(frozen=True)
@@ -134,10 +148,21 @@ def transition(drain: Drain | None, event: Event, timeout_s: float) -> Step:
             if drain.phase is Phase.WEIGHT_ZERO:
                 if event.now - drain.since < event.routing_interval_s:
                     return Step(drain)  # routers first learn that its weight is 0
+                if not drain.admin:
+                    quiet = replace(drain, phase=Phase.DRAINING, quiet_from=event.now)
+                    return Step(quiet, [ReadLoad(drain.pod)])
                 return Step(drain, [AdminCall("POST", drain.ip)])
+            if not drain.admin:
+                return Step(drain, [ReadLoad(drain.pod)])
             if drain.ip:
                 return Step(drain, [AdminCall("GET", drain.ip)])
             return transition(drain, Answered(event.now, None), timeout_s)
+        case Answered() if drain is not None and not drain.admin:
+            fresh = event.sampled_at is not None and event.sampled_at >= drain.quiet_from
+            idle = event.in_flight == 0 and fresh  # unread or stale: not known to be idle
+            if not idle and event.now - drain.since < timeout_s:
+                return Step(drain)
+            return _done(drain, event.now)
         case Answered() if drain is not None and drain.phase is Phase.WEIGHT_ZERO:
             ip = drain.ip if event.in_flight is not None else ""  # silent: it cannot take work
             return Step(replace(drain, ip=ip, phase=Phase.DRAINING))
@@ -145,10 +170,13 @@ def transition(drain: Drain | None, event: Event, timeout_s: float) -> Step:
             busy = event.in_flight or 0  # silent: gone or dead, nothing it holds can finish
             if busy > 0 and event.now - drain.since < timeout_s:
                 return Step(drain)
-            waited = event.now - drain.since
-            why = f"{drain.pod} drained in {waited:.0f} s ({drain.why})"
-            return Step(None, [MarkDeletionCost(drain.pod), ScaleTo(drain.target, why)])
+            return _done(drain, event.now)
     return Step(drain)
+
+
+def _done(drain: Drain, now: float) -> Step:
+    why = f"{drain.pod} drained in {now - drain.since:.0f} s ({drain.why})"
+    return Step(None, [MarkDeletionCost(drain.pod), ScaleTo(drain.target, why)])
 
 
 def _decided(drain: Drain | None, event: Decided) -> Step:
@@ -158,12 +186,13 @@ def _decided(drain: Drain | None, event: Decided) -> Step:
         drain = None
     if event.pinned or drain is not None:
         return Step(drain, actions)
-    if event.desired < event.current and event.drainable and event.victim:
+    if event.desired < event.current and event.victim:
         if event.ip is None:
             return Step(None, actions)  # no address to drain yet: the next decision retries
         started = Drain(
-            event.victim, event.ip, event.now, event.current, event.desired, event.message
-        )
+            event.victim, event.ip, event.now, event.current, event.desired, event.message,
+            admin=event.admin,
+        )  # fmt: skip
         return Step(started, [*actions, Announce()])
     if event.desired != event.current:
         actions.append(ScaleTo(event.desired, event.message))

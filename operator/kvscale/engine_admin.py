@@ -2,8 +2,8 @@
 
 `POST /drain` makes the replica refuse new work and turns its readiness false (so Services and
 routers stop sending to it); `GET /drain` says how many requests are still in flight; `POST
-/undrain` cancels an aborted scale-in. Only kvscale engines have it: for vLLM the victim is
-removed at once and its preStop/SIGTERM handling is vLLM's own.
+/undrain` cancels an aborted scale-in. Only kvscale engines have it: a vLLM victim is drained
+by its weight alone, and its own running and waiting gauges say when it is idle.
 """
 
 from __future__ import annotations

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -9,6 +10,7 @@ from typing import Any
 import pytest
 from engine_helpers import GREEDY, HFReference, assert_matches_hf, random_prompts, run_to_completion
 
+from kvscale_engine.cli import main
 from kvscale_engine.engine.checkpoint import write_tiny_checkpoint
 from kvscale_engine.engine.llm_engine import LLMEngine
 
@@ -77,3 +79,17 @@ def test_dummy_named_architecture_generates(make_engine: MakeEngine) -> None:
     engine = make_engine("dummy:llama-tiny", max_model_len=128, num_kv_blocks=32)
     finals = run_to_completion(engine, random_prompts(2, (5, 10), seed=11))
     assert all(len(o.output_token_ids) >= 1 for o in finals.values())
+
+
+def test_the_vllm_checkpoint_has_head_dim_64_and_matches_hf(
+    tmp_path: Path, make_engine: MakeEngine, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`kvscale-engine tiny-checkpoint --vllm`: what vLLM's CPU attention takes (head_dim 64;
+    the tests' 16 is refused), the checkpoint of manifests/samples/vllm-cpu.yaml."""
+    main(["tiny-checkpoint", "--vllm", str(tmp_path)])
+    assert capsys.readouterr().out.strip() == str(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["hidden_size"] // config["num_attention_heads"] == 64
+    prompts = random_prompts(2, (5, 20), seed=4)
+    finals = run_to_completion(make_engine(tmp_path), prompts)
+    assert_matches_hf(HFReference(tmp_path), prompts, finals, GREEDY.max_tokens)

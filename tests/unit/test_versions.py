@@ -1,4 +1,4 @@
-"""One version: pyproject.toml, the package, the CRD's default engine image, the operator image."""
+"""One version: pyproject.toml, the package, the default engine image, the operator image."""
 
 from __future__ import annotations
 
@@ -22,11 +22,14 @@ def test_package_version_is_pyprojects() -> None:
     assert kvscale.__version__ == pyproject_version()
 
 
-def test_crd_default_engine_image_is_tagged_with_the_version() -> None:
+def test_default_engine_image_is_tagged_with_the_version() -> None:
+    """The CRD defaults no image (it depends on the kind); the operator picks the kind's own."""
     crd = yaml.safe_load((ROOT / "crds" / "llmendpoints.kvscale.io.yaml").read_text())
     schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     image = schema["properties"]["spec"]["properties"]["engine"]["properties"]["image"]
-    assert image["default"] == EngineSpec().image == f"kvscale/engine:{pyproject_version()}"
+    assert "default" not in image
+    assert EngineSpec().container_image == f"kvscale/engine:{pyproject_version()}"
+    assert EngineSpec(kind="vllm").container_image == "vllm/vllm-openai:v0.32.0"
 
 
 def test_manifests_run_the_operator_image_of_this_version() -> None:

@@ -166,6 +166,21 @@ def positive_quantity(value: int | str) -> int | str:
     return value
 
 
+SUFFIXES: dict[str, float] = {
+    **{s: 1024**i for i, s in enumerate(("", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei"))},
+    **{s: 1000**i for i, s in enumerate(("", "k", "M", "G", "T", "P", "E")) if s},
+    "n": 1e-9, "u": 1e-6, "m": 1e-3,
+}  # fmt: skip
+
+
+def quantity_value(value: int | str) -> float:
+    """A valid Kubernetes quantity's value (`8Gi` -> 8589934592.0, `500m` -> 0.5)."""
+    text = str(value)
+    number = re.match(r"^[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?", text)
+    assert number is not None, text
+    return float(number.group()) * SUFFIXES[text[number.end() :]]
+
+
 QUANTITY_RULES: list[JSON] = [
     {"rule": "isQuantity(string(self))", "message": QUANTITY_MESSAGE},
     {

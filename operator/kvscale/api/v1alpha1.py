@@ -28,6 +28,7 @@ ENDPOINT_RULES = rules.ENDPOINT_RULES  # on the whole object: metadata.name
 
 
 ENGINE_IMAGE = f"kvscale/engine:{__version__}"  # `make image` builds this tag
+VLLM_IMAGE = "vllm/vllm-openai:v0.32.0"  # the release e2e/vllm/VERSION pins for the local cluster
 GPU_TYPE_MESSAGE = "resources.gpuType needs resources.gpusPerReplica of at least 1"
 
 
@@ -141,16 +142,24 @@ class ModelSpec(_Model):
 
 
 class EngineSpec(_Model):
-    image: Annotated[
-        str,
-        Field(
-            min_length=1,
-            max_length=512,
-            description="Engine image.",
-            json_schema_extra=_validations(rules.matches_rule(rules.IMAGE, rules.IMAGE_MESSAGE)),
-        ),
-        AfterValidator(rules.image_reference),
-    ] = ENGINE_IMAGE
+    image: (
+        Annotated[
+            str,
+            Field(
+                min_length=1,
+                max_length=512,
+                description=(
+                    f"Engine image (default: {ENGINE_IMAGE} for kind kvscale, "
+                    f"{VLLM_IMAGE} for kind vllm)."
+                ),
+                json_schema_extra=_validations(
+                    rules.matches_rule(rules.IMAGE, rules.IMAGE_MESSAGE)
+                ),
+            ),
+            AfterValidator(rules.image_reference),
+        ]
+        | None
+    ) = None
     kind: Annotated[
         Literal["kvscale", "vllm"],
         Field(description="Engine flavour: selects the argument and metrics adapter."),
@@ -197,6 +206,13 @@ class EngineSpec(_Model):
         ],
         Field(max_length=64, description="Appended to the engine's arguments."),
     ] = []
+
+    @property
+    def container_image(self) -> str:
+        """The image replicas run: `image`, else the engine kind's own."""
+        if self.image is not None:
+            return self.image
+        return VLLM_IMAGE if self.kind == "vllm" else ENGINE_IMAGE
 
 
 # --- spec.resources -----------------------------------------------------------------------

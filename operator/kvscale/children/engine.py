@@ -17,6 +17,7 @@ from kvscale.children.engine_args import (
     MODEL_MOUNT,
     SHUTDOWN_GRACE_SECONDS,
     engine_args,
+    engine_env,
 )
 
 JSON = dict[str, Any]
@@ -25,6 +26,8 @@ MANAGED_BY = "kvscale"
 ENDPOINT_LABEL = "kvscale.io/endpoint"
 ROLE_LABEL = "kvscale.io/role"
 GRACE_SECONDS = SHUTDOWN_GRACE_SECONDS + DRAIN_SECONDS + 15
+STARTUP_PERIOD_SECONDS = 2
+SHM_SIZE = "2Gi"  # vLLM's workers exchange tensors through /dev/shm (64 MiB by default)
 
 
 @dataclass(frozen=True)
@@ -150,17 +153,22 @@ def _engine_container(spec: api.LLMEndpointSpec) -> JSON:
     paths = ENDPOINTS[spec.engine.kind]
     container: JSON = {
         "name": "engine",
-        "image": spec.engine.image,
+        "image": spec.engine.container_image,
         "args": engine_args(spec),
         "ports": [{"name": "http", "containerPort": ENGINE_PORT, "protocol": "TCP"}],
-        "env": [{"name": "HOME", "value": "/tmp"}],
+        "env": engine_env(spec),
         "resources": _resources(spec),
-        "startupProbe": probe(paths.live, 2, 300),
+        # a replica that still loads or compiles is not killed: it has `startup_s` to answer
+        "startupProbe": probe(
+            paths.live, STARTUP_PERIOD_SECONDS, paths.startup_s // STARTUP_PERIOD_SECONDS
+        ),
         "readinessProbe": probe(paths.ready, 2, 2),
         "livenessProbe": probe(paths.live, 10, 3),
         "securityContext": restricted_security(),
         "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}, *mounts],
     }
+    if spec.engine.kind == "vllm":
+        container["volumeMounts"].append({"name": "dshm", "mountPath": "/dev/shm"})
     # no preStop hook: a hook's httpGet can only GET, and drain is POST-only; SIGTERM itself turns
     # readiness false, serves through a grace delay, drains, then exits (within GRACE_SECONDS)
     return container
@@ -179,6 +187,9 @@ def engine_deployment(owner: Owner, spec: api.LLMEndpointSpec, replicas: int) ->
         "automountServiceAccountToken": False,
         "volumes": [{"name": "tmp", "emptyDir": {}}, *volumes],
     }
+    if spec.engine.kind == "vllm":
+        shm = {"medium": "Memory", "sizeLimit": SHM_SIZE}
+        pod_spec["volumes"].append({"name": "dshm", "emptyDir": shm})
     if spec.resources.gpus_per_replica:
         pod_spec["tolerations"] = [
             {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}

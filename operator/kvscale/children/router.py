@@ -26,7 +26,6 @@ from kvscale.children.engine_args import ENGINE_PORT
 
 ROUTER_PORT = 8080
 ROUTER_COMMAND = "kvscale-router"
-ROUTER_IMAGE = "kvscale/router:0.1.0"  # for endpoints whose engine image is not kvscale's
 ROUTER_DRAIN_SECONDS = 30
 ROLE = "router"
 
@@ -46,8 +45,9 @@ def router_replicas(spec: api.LLMEndpointSpec) -> int:
 
 
 def router_image(spec: api.LLMEndpointSpec) -> str:
-    """The engine's own image (it holds the router too), unless the engine is not kvscale's."""
-    return spec.engine.image if spec.engine.kind == "kvscale" else ROUTER_IMAGE
+    """The image the router runs from: kvscale's engine image holds the router too (another
+    command), so the engine's own image for a kvscale engine, else the one of this version."""
+    return spec.engine.container_image if spec.engine.kind == "kvscale" else api.ENGINE_IMAGE
 
 
 def router_args(owner: Owner, spec: api.LLMEndpointSpec) -> list[str]:

@@ -139,6 +139,71 @@ async def test_a_scale_in_walks_weight_zero_drain_wait_mark_scale_down(
     assert done.read is not None and done.read.draining == frozenset()
 
 
+class VictimLoad:
+    """A direct scrape where p-2 runs `running` and queues `waiting` requests (vLLM's gauges)."""
+
+    def __init__(self) -> None:
+        self.running, self.waiting = 1.0, 1.0
+
+    async def snapshot(self, target: Target, now: float) -> Snapshot:
+        reps = tuple(
+            ReplicaSignals(p.name, running=self.running, waiting=self.waiting)
+            if p.name == "p-2"
+            else ReplicaSignals(p.name, running=1)
+            for p in target.pods
+        )
+        return Snapshot(taken_at=now, window_s=target.window_s, replicas=reps)
+
+    def forget(self, namespace: str, endpoint: str) -> None:
+        pass
+
+
+async def test_a_vllm_scale_in_waits_for_the_victims_own_gauges_without_admin_calls(
+    monkeypatch: pytest.MonkeyPatch, kube: FakeKube, admin: Admin
+) -> None:
+    monkeypatch.setattr(capacity_loop, "decide", script([2]))
+    load = VictimLoad()
+    source: Any = load
+    ctx = Context(kube=cast(Any, kube), source=lambda _: source, metrics=OperatorMetrics())
+    client = httpx.AsyncClient(transport=httpx.MockTransport(admin))
+    cap = CapacityLoop(ctx, "ns", "chat", admin=client)
+    body = {**BODY, "spec": {**SPEC, "engine": {"kind": "vllm"}}}
+    first = await cap.tick(body, 1000.0)
+    assert [e.reason for e in first.events] == ["DrainingReplica"]
+    assert first.read is not None and first.read.draining == {"p-2"}
+    for now in (1005.0, 1010.0):  # weight 0, then its gauges: 1 running, 1 waiting
+        assert not (await cap.tick(body, now)).rescale and cap.desired(body) == 3
+    load.waiting = 0.0
+    assert not (await cap.tick(body, 1015.0)).rescale  # still one running
+    load.running = 0.0
+    done = await cap.tick(body, 1020.0)
+    assert done.rescale and done.why == "p-2 drained in 20 s (demand fell)"
+    assert kube.annotated == [("p-2", {DELETION_COST: "-1000"})] and cap.desired(body) == 2
+    assert admin.calls == []  # vLLM has no /drain
+
+
+async def test_demand_coming_back_keeps_a_vllm_victim_with_no_call_to_make(
+    monkeypatch: pytest.MonkeyPatch, kube: FakeKube, admin: Admin
+) -> None:
+    monkeypatch.setattr(capacity_loop, "decide", script([2, 3]))
+    load = VictimLoad()
+    source: Any = load
+    ctx = Context(kube=cast(Any, kube), source=lambda _: source, metrics=OperatorMetrics())
+    cap = CapacityLoop(
+        ctx, "ns", "chat", admin=httpx.AsyncClient(transport=httpx.MockTransport(admin))
+    )
+    body = {
+        **BODY,
+        "spec": {**SPEC, "engine": {"kind": "vllm"}, "scaling": {"capacityIntervalSeconds": 20}},
+    }
+    await cap.tick(body, 1000.0)
+    await cap.tick(body, 1005.0)  # weight 0 seen by the routers: its gauges are read
+    back = await cap.tick(body, 1020.0)
+    assert [e.reason for e in back.events] == ["DrainCancelled"] and cap.drain is None
+    assert admin.calls == [] and cap.desired(body) == 3 and kube.annotated == []
+    assert back.read is not None and back.read.draining == frozenset()  # its weight comes back
+
+
 async def test_demand_coming_back_undrains_the_victim(
     monkeypatch: pytest.MonkeyPatch, kube: FakeKube, admin: Admin
 ) -> None:

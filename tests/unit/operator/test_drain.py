@@ -11,6 +11,7 @@ from kvscale.drain import (
     Drain,
     MarkDeletionCost,
     Phase,
+    ReadLoad,
     ScaleTo,
     Step,
     Ticked,
@@ -20,6 +21,13 @@ from kvscale.drain import (
 TIMEOUT = 30.0
 VICTIM = Drain("p-2", "10.0.0.3", since=100.0, current=3, target=2, why="demand fell")
 DRAINING = Drain("p-2", "10.0.0.3", 100.0, 3, 2, "demand fell", Phase.DRAINING)
+# a vLLM victim: no admin API, its metrics tell when it is idle
+QUIET_VICTIM = Drain("p-2", "10.0.0.3", 100.0, 3, 2, "demand fell", admin=False)
+QUIET = Drain("p-2", "10.0.0.3", 100.0, 3, 2, "demand fell", Phase.DRAINING, False, 105.0)
+DONE: list[drain.Action] = [
+    MarkDeletionCost("p-2"),
+    ScaleTo(2, "p-2 drained in 12 s (demand fell)"),
+]
 
 
 def step(state: Drain | None, event: drain.Event) -> Step:
@@ -46,10 +54,12 @@ def test_a_victim_without_an_address_waits_for_the_next_decision() -> None:
     assert step(None, scale_in(ip=None)) == Step(None, [])
 
 
-def test_engines_without_the_admin_api_and_decisions_without_a_victim_scale_at_once() -> None:
-    at_once = Step(None, [ScaleTo(2, "demand fell")])
-    assert step(None, scale_in(drainable=False)) == at_once
-    assert step(None, scale_in(victim=None)) == at_once
+def test_decisions_without_a_victim_scale_at_once() -> None:
+    assert step(None, scale_in(victim=None)) == Step(None, [ScaleTo(2, "demand fell")])
+
+
+def test_an_engine_without_the_admin_api_starts_at_weight_zero_too() -> None:
+    assert step(None, scale_in(admin=False)) == Step(QUIET_VICTIM, [Announce()])
 
 
 def test_a_scale_out_applies_at_once_and_a_steady_decision_does_nothing() -> None:
@@ -144,3 +154,56 @@ def test_a_poll_without_an_answer_scales_in_at_once() -> None:
     assert done == Step(
         None, [MarkDeletionCost("p-2"), ScaleTo(2, "p-2 drained in 11 s (demand fell)")]
     )
+
+
+# -- drain without /drain (vLLM): weight 0, then its own metrics
+
+
+def test_a_metrics_drain_reads_the_victims_load_once_routers_stopped_picking_it() -> None:
+    assert step(QUIET_VICTIM, Ticked(104.0, 5.0)) == Step(QUIET_VICTIM, [])
+    assert step(QUIET_VICTIM, Ticked(105.0, 5.0)) == Step(QUIET, [ReadLoad("p-2")])
+    assert step(QUIET, Ticked(110.0, 5.0)) == Step(QUIET, [ReadLoad("p-2")])
+
+
+def test_a_metrics_drain_ends_on_a_fresh_sample_with_nothing_running_or_waiting() -> None:
+    assert step(QUIET, Answered(110.0, 2, sampled_at=110.0)) == Step(QUIET, [])
+    assert step(QUIET, Answered(112.0, 0, sampled_at=112.0)) == Step(None, DONE)
+    assert step(QUIET, Answered(112.0, 0, sampled_at=105.0)) == Step(None, DONE)
+
+
+def test_a_stale_or_missing_reading_is_not_idle() -> None:
+    # sampled before the routers had all stopped: a request sent just before may not show yet
+    assert step(QUIET, Answered(112.0, 0, sampled_at=104.0)) == Step(QUIET, [])
+    assert step(QUIET, Answered(112.0, 0)) == Step(QUIET, [])
+    assert step(QUIET, Answered(112.0, None)) == Step(QUIET, [])  # unread: it may still work
+
+
+def test_a_metrics_drain_gives_up_waiting_at_the_deadline() -> None:
+    assert step(QUIET, Answered(129.0, 1, sampled_at=129.0)) == Step(QUIET, [])
+    late = step(QUIET, Answered(130.0, None))
+    assert late.drain is None and late.actions[0] == MarkDeletionCost("p-2")
+
+
+def test_undraining_a_metrics_drain_carries_its_kind() -> None:
+    back = step(QUIET, scale_in(now=110.0, desired=3, message="demand rose"))
+    assert back == Step(None, [Undrain(QUIET, 3, "demand rose")])
+    assert not back.actions[0].drain.admin  # type: ignore[union-attr]  # nothing to POST
+
+
+def test_a_whole_vllm_scale_in_walks_weight_zero_wait_mark_scale_down() -> None:
+    state, taken = None, []
+    script: list[tuple[drain.Event, type]] = [
+        (scale_in(admin=False), Announce),
+        (Ticked(102.0, 5.0), type(None)),
+        (Ticked(105.0, 5.0), ReadLoad),
+        (Answered(105.0, 3, 105.0), type(None)),
+        (Ticked(110.0, 5.0), ReadLoad),
+        (Answered(110.0, 0, 110.0), MarkDeletionCost),
+    ]
+    for event, first in script:
+        result = step(state, event)
+        state = result.drain
+        assert type(result.actions[0] if result.actions else None) is first, event
+        taken += result.actions
+    assert not any(isinstance(a, AdminCall) for a in taken)
+    assert state is None and taken[-1] == ScaleTo(2, "p-2 drained in 10 s (demand fell)")

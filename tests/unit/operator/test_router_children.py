@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kvscale import __version__
 from kvscale.api.v1alpha1 import LLMEndpointSpec
 from kvscale.children import engine, router
 from kvscale_cluster import images
@@ -94,7 +95,11 @@ def test_router_runs_the_engine_image_with_its_own_command() -> None:
     vllm = router.router_deployment(
         OWNER, spec(engine={"image": "vllm/vllm-openai:v0.6", "kind": "vllm"})
     )
-    assert vllm["spec"]["template"]["spec"]["containers"][0]["image"].startswith("kvscale/router")
+    routed = vllm["spec"]["template"]["spec"]["containers"][0]
+    # vLLM's image has no router: kvscale's engine image of this version (which `make image`
+    # builds) runs it, with the router's command
+    assert routed["image"] == f"kvscale/engine:{__version__}"
+    assert routed["command"] == ["kvscale-router"]
 
 
 def test_two_routers_once_the_endpoint_may_have_two_replicas() -> None:
