@@ -15,9 +15,9 @@ import statistics
 import time
 from typing import Any
 
-from kvscale.api.v1alpha1 import LLMEndpointSpec
 from kvscale.controllers.capacity import CapacityState, decide
 from kvscale.signals.snapshot import Fleet, Latency, ReplicaSignals, Snapshot
+from kvscale_cluster.specs import llm_spec
 
 ENDPOINTS = 100
 HISTORY = 12
@@ -62,9 +62,7 @@ def _history(rng: random.Random) -> list[Snapshot]:
 
 def measure(repetitions: int = 21) -> dict[str, Any]:
     rng = random.Random(42)
-    spec = LLMEndpointSpec.model_validate(
-        {"model": {"name": "m", "source": {"dummy": {}}}, "scaling": {"maxReplicas": 64}}
-    )
+    spec = llm_spec(scaling={"maxReplicas": 64})
     endpoints = []
     for _ in range(ENDPOINTS):
         history = _history(rng)

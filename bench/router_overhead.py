@@ -17,7 +17,6 @@ import asyncio
 import json
 import os
 import random
-import socket
 import statistics
 import subprocess
 import sys
@@ -31,17 +30,11 @@ import aiohttp
 import httpx
 
 from bench.machine import cpu_seconds
+from kvscale_cluster.ports import free_port
 
 FULL: dict[str, Any] = {"rate": 200.0, "requests": 1000, "rounds": 6, "chunks": 8}
 QUICK: dict[str, Any] = {"rate": 50.0, "requests": 100, "rounds": 1, "chunks": 4}
 TARGET = {"added_p50_ms": 1.0, "added_p99_ms": 5.0}
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def _ready(url: str) -> bool:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -16,13 +15,7 @@ from pathlib import Path
 import httpx
 
 from bench.machine import cpu_seconds
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+from kvscale_cluster.ports import free_port
 
 
 @dataclass(frozen=True)
@@ -49,8 +42,8 @@ def engine_process(
     model: Path, *args: str, name: str = "bench", torch_threads: int | None = None
 ) -> Iterator[EngineProcess]:
     """`engine_server`, yielding the process too (for its CPU time)."""
-    port = _free_port()
-    admin_port = next(p for p in iter(_free_port, None) if p != port)
+    port = free_port()
+    admin_port = next(p for p in iter(free_port, None) if p != port)
     url = f"http://127.0.0.1:{port}"
     cmd = [
         sys.executable, "-m", "kvscale_engine.cli", "serve", "--model", str(model),

@@ -15,11 +15,11 @@ import openai
 from load import Load
 from prometheus_client.parser import text_string_to_metric_families
 
+from kvscale.children.router import ROUTER_PORT
 from kvscale.kube import Kube
 
 OPERATOR_NAMESPACE = "kvscale-system"
 OPERATOR_SELECTOR = "app.kubernetes.io/name=kvscale-operator"
-ROUTER_PORT = 8080
 ENGINE_PORT = 8000
 # what an endpoint's children are, listed by its label: (apiVersion, collection path)
 CHILD_KINDS = {

@@ -8,19 +8,13 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Iterable
-from datetime import datetime
 from typing import Any
 
 from kvscale.signals.snapshot import Fleet
 from kvscale.signals.source import PodAddress
+from kvscale.timestamps import parse
 
 JSON = dict[str, Any]
-
-
-def _time(text: str | None) -> float | None:
-    if not text:
-        return None
-    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
 
 
 def _condition(pod: JSON, type_: str) -> JSON:
@@ -37,18 +31,27 @@ def is_ready(pod: JSON) -> bool:
 
 
 def unschedulable(pod: JSON) -> bool:
+    """The scheduler found no node for it: `PodScheduled` is False with reason Unschedulable.
+
+    The status matters: a scheduled pod's condition is True, whatever reason it still carries.
+    """
     cond = _condition(pod, "PodScheduled")
     return cond.get("status") == "False" and cond.get("reason") == "Unschedulable"
 
 
+def scheduling_message(pod: JSON) -> str:
+    """What the scheduler said of the pod (why it found no node), or an empty string."""
+    return str(_condition(pod, "PodScheduled").get("message", ""))
+
+
 def created_at(pod: JSON) -> float | None:
-    return _time(pod["metadata"].get("creationTimestamp"))
+    return parse(pod["metadata"].get("creationTimestamp"))
 
 
 def ready_since(pod: JSON) -> float | None:
     """When the pod last turned Ready (None when it is not)."""
     ready = _condition(pod, "Ready")
-    return _time(ready.get("lastTransitionTime")) if ready.get("status") == "True" else None
+    return parse(ready.get("lastTransitionTime")) if ready.get("status") == "True" else None
 
 
 def startup_seconds(pods: Iterable[JSON]) -> float | None:
@@ -56,7 +59,7 @@ def startup_seconds(pods: Iterable[JSON]) -> float | None:
     spans = []
     for pod in pods:
         ready = _condition(pod, "Ready")
-        start, end = created_at(pod), _time(ready.get("lastTransitionTime"))
+        start, end = created_at(pod), parse(ready.get("lastTransitionTime"))
         if ready.get("status") == "True" and start is not None and end is not None:
             spans.append(max(end - start, 0.0))
     return statistics.median(spans) if spans else None
@@ -76,7 +79,7 @@ def fleet(current: int, pods: Iterable[JSON]) -> Fleet:
     alive = live(pods)
     ready = sum(1 for p in alive if is_ready(p))
     pending = [p for p in alive if unschedulable(p)]
-    reasons = sorted({_condition(p, "PodScheduled").get("message", "") for p in pending} - {""})
+    reasons = sorted({scheduling_message(p) for p in pending} - {""})
     return Fleet(
         current=current,
         ready=ready,

@@ -15,11 +15,12 @@ from typing import Any
 import kopf
 
 from kvscale.api import v1alpha1 as api
-from kvscale.children import ENDPOINT_LABEL, MANAGED_BY
+from kvscale.children.engine import ENDPOINT_LABEL, MANAGED_BY
+from kvscale.context import Context
 from kvscale.kube import Kube, api_client
 from kvscale.operator_metrics import OperatorMetrics
-from kvscale.sources import Sources
-from kvscale.worker import Context, Workers
+from kvscale.signals.sources import Sources
+from kvscale.worker import Workers
 
 MANAGED = f"app.kubernetes.io/managed-by={MANAGED_BY}"
 CHILD_LABELS = {"app.kubernetes.io/managed-by": MANAGED_BY}

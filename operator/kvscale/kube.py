@@ -9,12 +9,12 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 import urllib3
 from kubernetes import client, config
 
+from kvscale import timestamps
 from kvscale.api import v1alpha1 as api
 
 JSON = dict[str, Any]
@@ -156,7 +156,7 @@ class Kube:
         message name one Event, whose `count` and `lastTimestamp` move on each repeat.
         """
         meta = involved["metadata"]
-        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        now = timestamps.now()
         key = "\0".join((meta.get("uid", ""), kind, reason, message))
         name = f"{meta['name']}.{hashlib.sha256(key.encode()).hexdigest()[:16]}"
         path = self._path("v1", "Event", meta["namespace"], name)

@@ -8,16 +8,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
 from pydantic import ValidationError
 
-from kvscale import children, status
 from kvscale.api import v1alpha1 as api
-from kvscale.conditions import Cond
+from kvscale.children import engine
+from kvscale.children.router import render_router
 from kvscale.kube import Kube
-from kvscale.router_children import render_router
+from kvscale.status import endpoint
+from kvscale.status.conditions import Cond
+from kvscale.timestamps import now
 
 JSON = dict[str, Any]
 
@@ -41,10 +42,6 @@ class Outcome:
     spec: api.LLMEndpointSpec | None = None
     deployment: JSON | None = None
     pods: list[JSON] = field(default_factory=list)
-
-
-def now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def validation_message(err: ValidationError) -> str:
@@ -77,7 +74,7 @@ def replica_event(
     return Event("Normal", reason, f"{text}: {why}" if why else text)
 
 
-def model_problems(kube: Kube, namespace: str, spec: api.LLMEndpointSpec) -> list[status.Problem]:
+def model_problems(kube: Kube, namespace: str, spec: api.LLMEndpointSpec) -> list[endpoint.Problem]:
     """What the operator can check about the model source before any pod runs."""
     pvc = spec.model.source.pvc
     if (
@@ -85,7 +82,7 @@ def model_problems(kube: Kube, namespace: str, spec: api.LLMEndpointSpec) -> lis
         and kube.get("v1", "PersistentVolumeClaim", namespace, pvc.claim_name) is None
     ):
         return [
-            status.Problem(
+            endpoint.Problem(
                 "ModelSourceNotFound",
                 f"PersistentVolumeClaim {pvc.claim_name} does not exist in {namespace}",
             )
@@ -109,26 +106,26 @@ def reconcile(
         spec = api.LLMEndpointSpec.model_validate(body.get("spec") or {})
     except ValidationError as err:
         message = validation_message(err)
-        new = status.invalid_spec(generation, message, old_status, now())
+        new = endpoint.invalid_spec(generation, message, old_status, now())
         return Outcome(
             new,
-            status.changes(old_status, new),
+            endpoint.changes(old_status, new),
             [Event("Warning", "InvalidSpec", message)],
             message,
         )
 
-    owner = children.Owner(meta["name"], meta["namespace"], meta["uid"])
-    name = children.engine_name(owner.name)
+    owner = engine.Owner(meta["name"], meta["namespace"], meta["uid"])
+    name = engine.engine_name(owner.name)
     before = kube.get("apps/v1", "Deployment", owner.namespace, name)
     if desired is None or spec.pinned:
-        desired = children.desired_replicas(spec)
+        desired = engine.desired_replicas(spec)
     else:
         desired = min(max(desired, spec.scaling.min_replicas), spec.scaling.max_replicas)
     problems = model_problems(kube, owner.namespace, spec)
-    engine = [kube.apply(obj) for obj in children.render(owner, spec, desired)]
-    applied = [*engine, *(kube.apply(obj) for obj in render_router(owner, spec))]
-    deployment = engine[-1]
-    pods = kube.list_pods(owner.namespace, children.selector_string(owner.name))
+    engine_objs = [kube.apply(obj) for obj in engine.render(owner, spec, desired)]
+    applied = [*engine_objs, *(kube.apply(obj) for obj in render_router(owner, spec))]
+    deployment = engine_objs[-1]
+    pods = kube.list_pods(owner.namespace, engine.selector_string(owner.name))
 
     events: list[Event] = []
     if before is None:
@@ -142,16 +139,16 @@ def reconcile(
     )
     if scaled:
         events.append(scaled)
-    new = status.compute(
+    new = endpoint.compute(
         generation=generation,
         desired=desired,
-        selector=children.selector_string(owner.name),
-        seen=status.Observed.read(deployment, pods),
+        selector=engine.selector_string(owner.name),
+        seen=endpoint.Observed.read(deployment, pods),
         problems=problems,
         old=old_status,
         now=now(),
         extra=extra,
     )
     return Outcome(
-        new, status.changes(old_status, new), events, spec=spec, deployment=deployment, pods=pods
+        new, endpoint.changes(old_status, new), events, spec=spec, deployment=deployment, pods=pods
     )

@@ -1,14 +1,17 @@
 """One asyncio task per endpoint: the only writer of its status and of its replica count.
 
 Kopf tells a worker that something changed (the endpoint or one of its children: `kick`); the
-worker reconciles at once and again every `RECONCILE_INTERVAL`, reads the signals every routing
-interval (so windows are full when the capacity loop needs them), and runs the capacity law
-every `capacityIntervalSeconds`. Periodic work lives here instead of a Kopf timer because Kopf
+worker reconciles at once and again every `RECONCILE_INTERVAL`. It owns the endpoint's two loops
+side by side: the capacity loop reads the signals every routing interval (so windows are full
+when the law needs them) and runs the capacity law every `capacityIntervalSeconds`; the routing
+loop weighs the replicas it read. Periodic work lives here instead of a Kopf timer because Kopf
 puts a finalizer on every object a timer runs for, and a finalizer on a user's object makes
 uninstalling the operator before its endpoints wedge their deletion.
 
-The worker serialises everything it does for its endpoint, so status is computed from one read
-and written once per pass (a merge patch of the changed fields), and Events aggregate by count.
+The worker serialises everything it does for its endpoint: a pass ticks the loops, then
+reconciles once (when due, when the capacity loop settled on another count, or when the loops'
+conditions changed) at the count the capacity loop owns; status is computed from one read and
+written once per pass (a merge patch of the changed fields), and Events aggregate by count.
 """
 
 from __future__ import annotations
@@ -16,32 +19,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from kvscale.api import v1alpha1 as api
-from kvscale.capacity_tick import CapacityLoop
-from kvscale.kube import Kube, KubeError
-from kvscale.operator_metrics import OperatorMetrics
+from kvscale.capacity_loop import CapacityLoop
+from kvscale.context import Context
+from kvscale.kube import KubeError
 from kvscale.reconcile import Event, Outcome, reconcile
-from kvscale.signals.source import SignalSource
+from kvscale.routing_loop import RoutingLoop
 
 JSON = dict[str, Any]
 RECONCILE_INTERVAL = 30.0
 RETRY_DELAY = 5.0
 log = logging.getLogger("kvscale.worker")
-
-
-@dataclass(frozen=True)
-class Context:
-    """What every worker shares: API access, signal sources, metrics, the clock."""
-
-    kube: Kube
-    source: Callable[[api.SignalsSpec], SignalSource]
-    metrics: OperatorMetrics
-    clock: Callable[[], float] = time.time
 
 
 class EndpointWorker:
@@ -53,6 +43,7 @@ class EndpointWorker:
         self.written: JSON = {}
         self.kicked = asyncio.Event()
         self.capacity = CapacityLoop(ctx, self.namespace, self.name)
+        self.routing = RoutingLoop(ctx, self.namespace, self.name)
         self._next_reconcile = 0.0
         self._task: asyncio.Task[None] | None = None
 
@@ -94,27 +85,30 @@ class EndpointWorker:
         """One pass; returns the seconds until the next is due."""
         now = self.ctx.clock()
         body = self._body()
+        before = self.capacity.conditions()
+        tick = await self.capacity.tick(body, now)
+        status = dict(tick.status)
+        if tick.read is not None:
+            read = tick.read
+            status |= await self.routing.tick(read.spec, read.snap, read.pods, read.draining, now)
+        events = list(tick.events)
         outcome: Outcome | None = None
-        events: list[Event] = []
-        if now >= self._next_reconcile:
-            self._next_reconcile = now + RECONCILE_INTERVAL  # a kick meanwhile resets it
+        due = now >= self._next_reconcile
+        if due or tick.rescale or self.capacity.conditions() != before:
+            if due:
+                self._next_reconcile = now + RECONCILE_INTERVAL  # a kick meanwhile resets it
             try:
-                outcome = await self._reconcile(body, self.capacity.desired(body), "")
+                outcome = await self._reconcile(body, self.capacity.desired(body), tick.why)
             except Exception:
-                self._next_reconcile = 0.0  # retried after RETRY_DELAY
+                if due:
+                    self._next_reconcile = 0.0  # retried after RETRY_DELAY
                 raise
             events += outcome.events
             if outcome.invalid is not None:
                 await self._write(body, outcome.changes, events)
                 return RECONCILE_INTERVAL
-        before = self.capacity.conditions()
-        tick = await self.capacity.tick(body, outcome, now)
-        events += tick.events
-        if tick.rescale or self.capacity.conditions() != before:
-            outcome = await self._reconcile(body, self.capacity.desired(body), tick.why)
-            events += outcome.events
         old = body.get("status") or {}
-        merged = {**(outcome.status if outcome else {}), **tick.status}
+        merged = {**(outcome.status if outcome else {}), **status}
         changes = {k: v for k, v in merged.items() if old.get(k) != v}
         await self._write(body, changes, events)
         return min(tick.next_in, max(self._next_reconcile - self.ctx.clock(), 0.0))

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 from typing import Any
 
 from kvscale.kube import Kube
 from kvscale_cluster.fixtures import wait_for
+from kvscale_cluster.specs import MODEL, endpoint_body
 
 ROOT = Path(__file__).resolve().parents[2]
 ENDPOINT = "kvscale.io/v1alpha1"
@@ -15,16 +15,14 @@ TEST_IMAGE = "kvscale/testserver:latest"
 
 
 def endpoint(namespace: str, name: str = "chat", **spec: Any) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "model": {"name": "tiny", "source": {"dummy": {}}, "maxModelLen": 256},
+    sections: dict[str, Any] = {
+        "model": {**MODEL, "maxModelLen": 256},
         # The test server stands in for the engine: it answers the probes and drains.
         "engine": {"image": TEST_IMAGE, "maxNumSeqs": 8, "maxNumBatchedTokens": 256},
         "resources": {"gpusPerReplica": 1, "cpu": "100m", "memory": "128Mi"},
         "scaling": {"minReplicas": 1, "maxReplicas": 3},
     }
-    body.update(copy.deepcopy(spec))
-    meta = {"name": name, "namespace": namespace}
-    return {"apiVersion": ENDPOINT, "kind": "LLMEndpoint", "metadata": meta, "spec": body}
+    return endpoint_body(name, namespace, **{**sections, **spec})
 
 
 def get_endpoint(api: Kube, namespace: str, name: str = "chat") -> dict[str, Any]:

@@ -8,13 +8,9 @@ from typing import Any
 import pytest
 
 from kvscale.kube import Kube, KubeError
+from kvscale_cluster.specs import endpoint_body
 
-VALID: dict[str, Any] = {
-    "apiVersion": "kvscale.io/v1alpha1",
-    "kind": "LLMEndpoint",
-    "metadata": {"name": "probe"},
-    "spec": {"model": {"name": "tiny", "source": {"dummy": {}}}},
-}
+VALID: dict[str, Any] = endpoint_body("probe")
 
 
 def with_spec(**changes: Any) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from kopf.testing import KopfRunner
 from kubernetes.config import kube_config
 
 from kvscale import __version__
-from kvscale.children import ENDPOINT_LABEL, ROLE_LABEL, labels
+from kvscale.children.engine import ENDPOINT_LABEL, ROLE_LABEL, labels
 from kvscale.kube import Kube
 from kvscale_cluster.fixtures import kubectl
 from kvscale_cluster.install import PODMONITOR_CRD, SERVICEMONITOR_CRD

@@ -4,11 +4,19 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from endpoint_helpers import condition, deployment, endpoint, events, get_endpoint, wait_available
 from kopf.testing import KopfRunner
 
 from kvscale.kube import Kube
 from kvscale_cluster.fixtures import kubectl, run_operator, wait_for
+
+
+@pytest.fixture
+def chat(api: Kube, namespace: str, operator: KopfRunner) -> None:
+    """The endpoint `chat` of `endpoint()`, created and available with its one replica."""
+    api.create(endpoint(namespace))
+    wait_available(api, namespace, ready=1)
 
 
 def test_creates_children_and_reports_status(
@@ -39,11 +47,7 @@ def test_creates_children_and_reports_status(
     assert events(api, namespace, "Created"), "no Created event"
 
 
-def test_kubectl_scale_pins_replicas(
-    api: Kube, cluster: Any, namespace: str, operator: KopfRunner
-) -> None:
-    api.create(endpoint(namespace))
-    wait_available(api, namespace, ready=1)
+def test_kubectl_scale_pins_replicas(api: Kube, cluster: Any, namespace: str, chat: None) -> None:
     kubectl(cluster, "-n", namespace, "scale", "llme/chat", "--replicas=2")
     obj = wait_available(api, namespace, ready=2)
     assert obj["spec"]["replicas"] == 2
@@ -55,11 +59,7 @@ def test_kubectl_scale_pins_replicas(
     wait_for(lambda: bool(events(api, namespace, "ScaledUp")), timeout=20, what="a ScaledUp event")
 
 
-def test_foreign_replica_change_is_restored(
-    api: Kube, namespace: str, operator: KopfRunner
-) -> None:
-    api.create(endpoint(namespace))
-    wait_available(api, namespace, ready=1)
+def test_foreign_replica_change_is_restored(api: Kube, namespace: str, chat: None) -> None:
     path = f"/apis/apps/v1/namespaces/{namespace}/deployments/chat-engine"
 
     def intrude_until_announced() -> bool:
@@ -84,9 +84,7 @@ def test_foreign_replica_change_is_restored(
     wait_for(restored, timeout=30, what="the operator to restore replicas to 1")
 
 
-def test_deleted_children_come_back(api: Kube, namespace: str, operator: KopfRunner) -> None:
-    api.create(endpoint(namespace))
-    wait_available(api, namespace, ready=1)
+def test_deleted_children_come_back(api: Kube, namespace: str, chat: None) -> None:
     for collection in (
         "api/v1/namespaces/{ns}/services",
         "apis/apps/v1/namespaces/{ns}/deployments",
@@ -104,11 +102,7 @@ def test_deleted_children_come_back(api: Kube, namespace: str, operator: KopfRun
     wait_available(api, namespace, ready=1)
 
 
-def test_edited_managed_fields_are_reverted(
-    api: Kube, namespace: str, operator: KopfRunner
-) -> None:
-    api.create(endpoint(namespace))
-    wait_available(api, namespace, ready=1)
+def test_edited_managed_fields_are_reverted(api: Kube, namespace: str, chat: None) -> None:
     path = f"/apis/apps/v1/namespaces/{namespace}/deployments/chat-engine"
     patch = [{"op": "replace", "path": "/spec/template/spec/containers/0/args", "value": ["x"]}]
     api.request("PATCH", path, patch, [("fieldManager", "intruder")], "application/json-patch+json")
@@ -122,10 +116,8 @@ def test_edited_managed_fields_are_reverted(
 
 
 def test_spec_change_rolls_out_and_bumps_observed_generation(
-    api: Kube, namespace: str, operator: KopfRunner
+    api: Kube, namespace: str, chat: None
 ) -> None:
-    api.create(endpoint(namespace))
-    wait_available(api, namespace, ready=1)
     path = f"/apis/kvscale.io/v1alpha1/namespaces/{namespace}/llmendpoints/chat"
     patched = api.request(
         "PATCH", path, {"spec": {"engine": {"blockSize": 32}}}, None, "application/merge-patch+json"
@@ -207,11 +199,7 @@ def test_restart_leaves_no_duplicates_or_orphans(
     assert owners == ["chat-engine", "chat-router"], owners
 
 
-def test_deleting_the_endpoint_collects_its_children(
-    api: Kube, namespace: str, operator: KopfRunner
-) -> None:
-    api.create(endpoint(namespace))
-    wait_available(api, namespace, ready=1)
+def test_deleting_the_endpoint_collects_its_children(api: Kube, namespace: str, chat: None) -> None:
     api.request("DELETE", f"/apis/kvscale.io/v1alpha1/namespaces/{namespace}/llmendpoints/chat")
     wait_for(
         lambda: deployment(api, namespace) is None,

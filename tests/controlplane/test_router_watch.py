@@ -13,7 +13,6 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -21,29 +20,23 @@ import httpx
 import pytest
 from kubernetes import client, utils
 
-from kvscale import children, router_children
-from kvscale.api.v1alpha1 import LLMEndpointSpec
+from kvscale import timestamps
+from kvscale.children import engine
+from kvscale.children import router as router_children
 from kvscale_cluster.fixtures import Cluster, wait_for
 from kvscale_cluster.kubeconfig import write_kubeconfig
+from kvscale_cluster.ports import free_port
+from kvscale_cluster.specs import llm_spec
 
 ENDPOINT = "chat"
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def router_rbac(namespace: str) -> list[dict[str, Any]]:
     """The rendered ServiceAccount, Role, RoleBinding and ConfigMap, without an owner (none
     exists here, and the garbage collector would delete orphans)."""
-    owner = children.Owner(ENDPOINT, namespace, "no-owner")
-    body = {"model": {"name": "m", "source": {"dummy": {"preset": "llama-tiny"}}}}
-    objs = router_children.render_router(owner, LLMEndpointSpec.model_validate(body))
+    owner = engine.Owner(ENDPOINT, namespace, "no-owner")
+    model = {"name": "m", "source": {"dummy": {"preset": "llama-tiny"}}}
+    objs = router_children.render_router(owner, llm_spec(model=model))
     wanted = [
         o for o in objs if o["kind"] in ("ServiceAccount", "Role", "RoleBinding", "ConfigMap")
     ]
@@ -56,7 +49,7 @@ def engine_pod(name: str) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {"name": name, "labels": children.selector_labels(ENDPOINT)},
+        "metadata": {"name": name, "labels": engine.selector_labels(ENDPOINT)},
         "spec": {
             "schedulingGates": [{"name": "kvscale.io/test"}],
             "containers": [{"name": "engine", "image": "kvscale/engine:test"}],
@@ -65,7 +58,7 @@ def engine_pod(name: str) -> dict[str, Any]:
 
 
 def set_ready(core: Any, namespace: str, name: str, ip: str) -> None:
-    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    now = timestamps.now()
     status = {
         "podIP": ip,
         "podIPs": [{"ip": ip}],

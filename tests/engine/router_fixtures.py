@@ -13,8 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
-from server_fixtures import free_port, parse_samples
+from server_fixtures import parse_samples
 
+from kvscale_cluster.ports import free_port
 from kvscale_cluster.wait import GiveUp, wait_for
 
 

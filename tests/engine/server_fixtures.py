@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -19,6 +18,7 @@ from pathlib import Path
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from kvscale_cluster.ports import free_port
 from kvscale_cluster.wait import GiveUp, wait_for
 
 MODEL = "tiny-llama"
@@ -54,13 +54,6 @@ def parse_samples(text: str) -> dict[str, float]:
             labels = ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items()))
             samples[f"{s.name}{{{labels}}}"] = s.value
     return samples
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def _ready(url: str, process: subprocess.Popen[bytes]) -> bool:

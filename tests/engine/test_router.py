@@ -16,8 +16,9 @@ import httpx
 import openai
 import pytest
 from router_fixtures import LiveRouter, live_router
-from server_fixtures import MODEL, LiveServer, free_port, live_server
+from server_fixtures import MODEL, LiveServer, live_server
 
+from kvscale_cluster.ports import free_port
 from kvscale_cluster.wait import wait_for
 
 LONG = ("--max-model-len", "2048", "--num-kv-blocks", "1024")  # long streams for in-flight tests

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic.alias_generators import to_camel
 
 from kvscale import __version__
 from kvscale.api import rules
@@ -41,21 +42,31 @@ def _validations(*checks: dict[str, Any]) -> dict[str, Any]:
 class _Model(BaseModel):
     """Base: camelCase on the wire, unknown fields refused, immutable once parsed."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, populate_by_name=True, alias_generator=to_camel
+    )
 
 
 # --- spec.model ---------------------------------------------------------------------------
 
 
+def _path(pattern: str, description: str, **field: Any) -> Any:
+    """A path's Field: at most 4096 characters, `pattern`, and no `..` segments (a CEL rule at
+    admission; `rules.no_dot_dot` checks the same when parsed)."""
+    return Field(
+        max_length=4096,
+        pattern=pattern,
+        description=description,
+        json_schema_extra=_validations(rules.NO_DOT_DOT_RULE),
+        **field,
+    )
+
+
 class HostPathSource(_Model):
     path: Annotated[
         str,
-        Field(
-            min_length=1,
-            max_length=4096,
-            pattern=r"^/",
-            description="Absolute path of a Hugging Face checkpoint directory on the node.",
-            json_schema_extra=_validations(rules.NO_DOT_DOT_RULE),
+        _path(
+            r"^/", "Absolute path of a Hugging Face checkpoint directory on the node.", min_length=1
         ),
         AfterValidator(rules.no_dot_dot),
     ]
@@ -65,7 +76,6 @@ class PVCSource(_Model):
     claim_name: Annotated[
         str,
         Field(
-            alias="claimName",
             min_length=1,
             max_length=253,
             pattern=rules.DNS_SUBDOMAIN,
@@ -74,13 +84,10 @@ class PVCSource(_Model):
     ]
     sub_path: Annotated[
         str,
-        Field(
-            alias="subPath",
+        _path(
+            r"^([^/].*)?$",
+            "Relative directory inside the volume that holds the checkpoint.",
             default="",
-            max_length=4096,
-            pattern=r"^([^/].*)?$",
-            description="Relative directory inside the volume that holds the checkpoint.",
-            json_schema_extra=_validations(rules.NO_DOT_DOT_RULE),
         ),
         AfterValidator(rules.no_dot_dot),
     ]
@@ -102,7 +109,7 @@ class ModelSource(_Model):
             )
         )
     )
-    host_path: Annotated[HostPathSource | None, Field(alias="hostPath")] = None
+    host_path: HostPathSource | None = None
     pvc: PVCSource | None = None
     dummy: DummySource | None = None
 
@@ -126,7 +133,7 @@ class ModelSpec(_Model):
     source: ModelSource
     max_model_len: Annotated[
         int,
-        Field(alias="maxModelLen", ge=16, le=1_048_576, description="Context length in tokens."),
+        Field(ge=16, le=1_048_576, description="Context length in tokens."),
     ] = 4096
 
 
@@ -150,30 +157,28 @@ class EngineSpec(_Model):
     ] = "kvscale"
     block_size: Annotated[
         Literal[8, 16, 32, 64, 128],
-        Field(alias="blockSize", description="Tokens per KV-cache block."),
+        Field(description="Tokens per KV-cache block."),
     ] = 16
     memory_fraction: Annotated[
         float,
         Field(
-            alias="memoryFraction",
             gt=0,
             le=1,
             description="Fraction of device memory for weights, activations and KV cache.",
         ),
     ] = 0.9
-    max_num_seqs: Annotated[
-        int, Field(alias="maxNumSeqs", ge=1, le=4096, description="Max sequences in a batch.")
-    ] = 256
+    max_num_seqs: Annotated[int, Field(ge=1, le=4096, description="Max sequences in a batch.")] = (
+        256
+    )
     max_num_batched_tokens: Annotated[
         int,
         Field(
-            alias="maxNumBatchedTokens",
             ge=16,
             le=1_048_576,
             description="Token budget of one scheduler step (chunked prefill splits longer ones).",
         ),
     ] = 8192
-    enable_prefix_caching: Annotated[bool, Field(alias="enablePrefixCaching")] = True
+    enable_prefix_caching: bool = True
     extra_args: Annotated[
         list[
             Annotated[
@@ -190,7 +195,7 @@ class EngineSpec(_Model):
                 AfterValidator(rules.engine_argument),
             ]
         ],
-        Field(alias="extraArgs", max_length=64, description="Appended to the engine's arguments."),
+        Field(max_length=64, description="Appended to the engine's arguments."),
     ] = []
 
 
@@ -215,12 +220,11 @@ class ResourcesSpec(_Model):
     )
     gpus_per_replica: Annotated[
         int,
-        Field(alias="gpusPerReplica", ge=0, le=16, description="nvidia.com/gpu per replica."),
+        Field(ge=0, le=16, description="nvidia.com/gpu per replica."),
     ] = 1
     gpu_type: Annotated[
         str | None,
         Field(
-            alias="gpuType",
             max_length=63,
             pattern=r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$",
             description="Node label nvidia.com/gpu.product the replicas must run on.",
@@ -242,16 +246,15 @@ class ResourcesSpec(_Model):
 class SLOSpec(_Model):
     ttft_p99_seconds: Annotated[
         float,
-        Field(alias="ttftP99Seconds", gt=0, le=600, description="p99 time to first token."),
+        Field(gt=0, le=600, description="p99 time to first token."),
     ] = 2.0
     itl_p99_seconds: Annotated[
         float,
-        Field(alias="itlP99Seconds", gt=0, le=60, description="p99 inter-token latency."),
+        Field(gt=0, le=60, description="p99 inter-token latency."),
     ] = 0.2
     attainment_target: Annotated[
         float,
         Field(
-            alias="attainmentTarget",
             ge=0.5,
             le=1,
             description="Fraction of requests that must meet both targets.",
@@ -265,7 +268,6 @@ class TrafficClass(_Model):
     max_queue_wait_seconds: Annotated[
         float,
         Field(
-            alias="maxQueueWaitSeconds",
             gt=0,
             le=3600,
             description="A request that would wait longer is refused with 429.",
@@ -292,7 +294,6 @@ class SignalsSpec(_Model):
     prometheus_url: Annotated[
         str | None,
         Field(
-            alias="prometheusUrl",
             max_length=2048,
             description="Base URL of the Prometheus HTTP API (http or https, not link-local).",
             json_schema_extra=_validations(*rules.PROMETHEUS_URL_RULES),
@@ -314,36 +315,26 @@ class ScalingSpec(_Model):
             ),
         )
     )
-    min_replicas: Annotated[int, Field(alias="minReplicas", ge=0, le=1000)] = 1
-    max_replicas: Annotated[int, Field(alias="maxReplicas", ge=1, le=1000)] = 4
+    min_replicas: Annotated[int, Field(ge=0, le=1000)] = 1
+    max_replicas: Annotated[int, Field(ge=1, le=1000)] = 4
     scale_to_zero_after_seconds: Annotated[
         int | None,
         Field(
-            alias="scaleToZeroAfterSeconds",
             ge=30,
             le=86_400,
             description="Idle time after which the last replica is removed.",
         ),
     ] = None
-    capacity_interval_seconds: Annotated[
-        int, Field(alias="capacityIntervalSeconds", ge=10, le=600)
-    ] = 60
-    routing_interval_seconds: Annotated[
-        float, Field(alias="routingIntervalSeconds", ge=1, le=60)
-    ] = 3.0
-    forecast_horizon_seconds: Annotated[
-        int, Field(alias="forecastHorizonSeconds", ge=0, le=3600)
-    ] = 300
+    capacity_interval_seconds: Annotated[int, Field(ge=10, le=600)] = 60
+    routing_interval_seconds: Annotated[float, Field(ge=1, le=60)] = 3.0
+    forecast_horizon_seconds: Annotated[int, Field(ge=0, le=3600)] = 300
     headroom: Annotated[
         float, Field(ge=0, le=4, description="Spare capacity kept above the forecast (0.2 = 20%).")
     ] = 0.2
-    scale_down_stabilization_seconds: Annotated[
-        int, Field(alias="scaleDownStabilizationSeconds", ge=0, le=3600)
-    ] = 300
+    scale_down_stabilization_seconds: Annotated[int, Field(ge=0, le=3600)] = 300
     replica_capacity_tokens_per_second: Annotated[
         float | None,
         Field(
-            alias="replicaCapacityTokensPerSecond",
             gt=0,
             le=10_000_000,
             description="Prior for what one replica carries within the SLO (prompt + generated "
@@ -361,7 +352,7 @@ class ScalingSpec(_Model):
 
 class CostSpec(_Model):
     gpu_hour_price: Annotated[
-        float, Field(alias="gpuHourPrice", ge=0, le=10_000, description="Price of one GPU-hour.")
+        float, Field(ge=0, le=10_000, description="Price of one GPU-hour.")
     ] = 0.0
     currency: Annotated[str, Field(pattern=r"^[A-Z]{3}$")] = "USD"
 
@@ -397,7 +388,7 @@ class LLMEndpointSpec(_Model):
     slo: SLOSpec = SLOSpec()
     traffic_classes: Annotated[
         list[TrafficClass],
-        Field(alias="trafficClasses", max_length=16, description="Admission classes."),
+        Field(max_length=16, description="Admission classes."),
     ] = []
     scaling: ScalingSpec = ScalingSpec()
     cost: CostSpec = CostSpec()

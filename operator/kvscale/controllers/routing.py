@@ -17,10 +17,10 @@ import math
 import statistics
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
 from kvscale.signals.snapshot import ReplicaSignals
+from kvscale.timestamps import stamp
 
 DRAINING = "Draining"
 WARMING = "WarmingUp"
@@ -28,6 +28,7 @@ HOT = "ReplicaHot"
 BALANCED = "Balanced"
 NO_SIGNALS = "NoSignals"
 NO_REPLICAS = "NoReplicas"
+WEIGHTS_KEY = "weights.json"  # in the `<endpoint>-routing` ConfigMap
 
 
 @dataclass(frozen=True)
@@ -85,8 +86,7 @@ class RoutingDecision:
 
 def publication(decision: RoutingDecision, now: float) -> str:
     """`weights.json` of the `<endpoint>-routing` ConfigMap, the format the router reads."""
-    updated = datetime.fromtimestamp(now, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    body = {"weights": decision.weights, "updatedAt": updated, "reason": decision.reason}
+    body = {"weights": decision.weights, "updatedAt": stamp(now), "reason": decision.reason}
     return json.dumps(body, sort_keys=True, separators=(",", ":"))
 
 

@@ -73,7 +73,7 @@ def test_sampling_params_normalise_stops() -> None:
 
 def test_engine_defaults_match_what_the_operator_assumes() -> None:
     """The operator drains a victim at ADMIN_PORT and sizes the grace period from these."""
-    from kvscale.engine_args import ADMIN_PORT, ENGINE_PORT, SHUTDOWN_GRACE_SECONDS
+    from kvscale.children.engine_args import ADMIN_PORT, ENGINE_PORT, SHUTDOWN_GRACE_SECONDS
     from kvscale_engine.cli import build_parser
 
     args = build_parser().parse_args(["serve", "--model", "dummy:llama-tiny"])

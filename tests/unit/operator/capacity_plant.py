@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from kvscale.api.v1alpha1 import LLMEndpointSpec
 from kvscale.controllers.capacity import CapacityState, Decision, decide
 from kvscale.signals.snapshot import Fleet, Latency, Problem, ReplicaSignals, Snapshot
+from kvscale_cluster.specs import llm_spec
 
 TOKENS_PER_REQUEST = 500.0
 
@@ -23,9 +24,7 @@ def spec(**scaling: object) -> LLMEndpointSpec:
         "headroom": 0.2,
     }
     base.update(scaling)
-    return LLMEndpointSpec.model_validate(
-        {"model": {"name": "m", "source": {"dummy": {}}}, "scaling": base}
-    )
+    return llm_spec(scaling=base)
 
 
 @dataclass

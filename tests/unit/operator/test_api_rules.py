@@ -10,16 +10,13 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from kvscale import children
 from kvscale.api import rules
 from kvscale.api.v1alpha1 import LLMEndpointSpec
-from kvscale.engine_args import engine_args
+from kvscale.children import engine
+from kvscale.children.engine_args import engine_args
+from kvscale_cluster.specs import MODEL, llm_spec
 
-MODEL = {"name": "tiny", "source": {"dummy": {}}}
-
-
-def spec(**sections: Any) -> LLMEndpointSpec:
-    return LLMEndpointSpec.model_validate({"model": MODEL, **sections})
+spec = llm_spec
 
 
 REFUSED: list[tuple[str, dict[str, Any], str]] = [
@@ -98,8 +95,8 @@ def test_models_accept_what_admission_accepts(case: str, body: dict[str, Any]) -
 
 
 def test_cpu_written_as_a_number_reaches_the_pod_as_a_string() -> None:
-    owner = children.Owner("e", "ns", "uid")
-    deployment = children.engine_deployment(owner, spec(resources={"cpu": 4}), 1)
+    owner = engine.Owner("e", "ns", "uid")
+    deployment = engine.engine_deployment(owner, spec(resources={"cpu": 4}), 1)
     resources = deployment["spec"]["template"]["spec"]["containers"][0]["resources"]
     assert resources["requests"]["cpu"] == resources["limits"]["cpu"] == "4"
 
@@ -138,4 +135,4 @@ def test_endpoint_names(name: str, problem: str | None) -> None:
 
 
 def test_derived_child_names_use_a_known_suffix() -> None:
-    assert children.engine_name("x").removeprefix("x") in rules.CHILD_SUFFIXES
+    assert engine.engine_name("x").removeprefix("x") in rules.CHILD_SUFFIXES

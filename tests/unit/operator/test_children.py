@@ -2,16 +2,16 @@
 
 from typing import Any
 
-from kvscale import children
 from kvscale.api.v1alpha1 import LLMEndpointSpec
-from kvscale.engine_args import engine_args
+from kvscale.children import engine
+from kvscale.children.engine_args import engine_args
+from kvscale_cluster.specs import HOST_PATH_MODEL, llm_spec
 
-OWNER = children.Owner("chat", "team-a", "uid-1")
+OWNER = engine.Owner("chat", "team-a", "uid-1")
 
 
 def spec(**extra: Any) -> LLMEndpointSpec:
-    body = {"model": {"name": "llama-8b", "source": {"hostPath": {"path": "/models/llama"}}}}
-    return LLMEndpointSpec.model_validate({**body, **extra})
+    return llm_spec(model=HOST_PATH_MODEL, **extra)
 
 
 def container(deployment: dict[str, Any]) -> dict[str, Any]:
@@ -20,11 +20,11 @@ def container(deployment: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_render_is_deterministic() -> None:
-    assert children.render(OWNER, spec(), 2) == children.render(OWNER, spec(), 2)
+    assert engine.render(OWNER, spec(), 2) == engine.render(OWNER, spec(), 2)
 
 
 def test_every_child_is_owned_and_labelled() -> None:
-    for obj in children.render(OWNER, spec(), 1):
+    for obj in engine.render(OWNER, spec(), 1):
         meta = obj["metadata"]
         assert meta["name"] == "chat-engine" and meta["namespace"] == "team-a"
         assert meta["ownerReferences"][0]["uid"] == "uid-1"
@@ -34,7 +34,7 @@ def test_every_child_is_owned_and_labelled() -> None:
 
 
 def test_deployment_requests_gpus_and_is_locked_down() -> None:
-    dep = children.engine_deployment(OWNER, spec(resources={"gpusPerReplica": 2}), 3)
+    dep = engine.engine_deployment(OWNER, spec(resources={"gpusPerReplica": 2}), 3)
     assert dep["spec"]["replicas"] == 3
     c = container(dep)
     assert c["resources"]["limits"]["nvidia.com/gpu"] == "2"
@@ -57,12 +57,12 @@ def test_deployment_requests_gpus_and_is_locked_down() -> None:
 
 
 def test_cpu_only_endpoint_asks_for_no_gpu() -> None:
-    c = container(children.engine_deployment(OWNER, spec(resources={"gpusPerReplica": 0}), 1))
+    c = container(engine.engine_deployment(OWNER, spec(resources={"gpusPerReplica": 0}), 1))
     assert "nvidia.com/gpu" not in c["resources"]["limits"]
 
 
 def test_gpu_type_becomes_a_node_selector() -> None:
-    dep = children.engine_deployment(OWNER, spec(resources={"gpuType": "NVIDIA-H100"}), 1)
+    dep = engine.engine_deployment(OWNER, spec(resources={"gpuType": "NVIDIA-H100"}), 1)
     assert dep["spec"]["template"]["spec"]["nodeSelector"] == {
         "nvidia.com/gpu.product": "NVIDIA-H100"
     }
@@ -83,7 +83,7 @@ def test_engine_args_follow_the_engine_config() -> None:
 
 def test_vllm_kind_renders_vllm_flags_and_probes() -> None:
     s = spec(engine={"kind": "vllm", "image": "vllm/vllm-openai:v0.11.0"})
-    c = container(children.engine_deployment(OWNER, s, 1))
+    c = container(engine.engine_deployment(OWNER, s, 1))
     assert "--gpu-memory-utilization" in c["args"] and "serve" not in c["args"]
     assert c["readinessProbe"]["httpGet"]["path"] == "/health"
     assert "lifecycle" not in c
@@ -97,7 +97,7 @@ def test_dummy_and_pvc_sources() -> None:
     pvc = LLMEndpointSpec.model_validate(
         {"model": {"name": "m", "source": {"pvc": {"claimName": "w", "subPath": "llama"}}}}
     )
-    dep = children.engine_deployment(OWNER, pvc, 1)
+    dep = engine.engine_deployment(OWNER, pvc, 1)
     assert engine_args(pvc)[2] == "/models/llama"
     volumes = dep["spec"]["template"]["spec"]["volumes"]
     assert {
@@ -107,6 +107,6 @@ def test_dummy_and_pvc_sources() -> None:
 
 
 def test_desired_replicas_pinned_or_minimum() -> None:
-    assert children.desired_replicas(spec(scaling={"minReplicas": 2})) == 2
-    assert children.desired_replicas(spec(replicas=3)) == 3
-    assert children.selector_string("chat") == "kvscale.io/endpoint=chat,kvscale.io/role=engine"
+    assert engine.desired_replicas(spec(scaling={"minReplicas": 2})) == 2
+    assert engine.desired_replicas(spec(replicas=3)) == 3
+    assert engine.selector_string("chat") == "kvscale.io/endpoint=chat,kvscale.io/role=engine"

@@ -6,24 +6,24 @@ import json
 
 from prometheus_client import generate_latest
 
-from kvscale import fleet, loop_status
+from kvscale import fleet, timestamps
 from kvscale.api.v1alpha1 import LLMEndpointSpec
 from kvscale.controllers.capacity import CapacityState, Decision
 from kvscale.operator_metrics import OperatorMetrics
-from kvscale.routing_tick import warming
+from kvscale.routing_loop import warming
 from kvscale.signals.snapshot import Fleet, Latency, Problem, ReplicaSignals, Snapshot
+from kvscale.status import endpoint, loops
+from kvscale_cluster.specs import llm_spec
 
 
 def spec(**over: object) -> LLMEndpointSpec:
-    body: dict[str, object] = {
-        "model": {"name": "m", "source": {"dummy": {}}},
+    sections: dict[str, object] = {
         "slo": {"ttftP99Seconds": 1, "itlP99Seconds": 0.1},
         "scaling": {"capacityIntervalSeconds": 60},
         "resources": {"gpusPerReplica": 2},
         "cost": {"gpuHourPrice": 3.0},
     }
-    body.update(over)
-    return LLMEndpointSpec.model_validate(body)
+    return llm_spec(**{**sections, **over})
 
 
 def snap(ttft: float | None, tokens: float = 100.0, ready: int = 2, current: int = 3) -> Snapshot:
@@ -48,27 +48,27 @@ def snap(ttft: float | None, tokens: float = 100.0, ready: int = 2, current: int
 def test_slo_attainment_counts_busy_intervals_within_both_targets() -> None:
     old: dict[str, object] = {}
     for ttft in (0.5, 0.9, 1.5, 0.2):
-        old = {"slo": loop_status.slo(old, snap(ttft), spec())}
+        old = {"slo": loops.slo(old, snap(ttft), spec())}
     slo = old["slo"]
     assert isinstance(slo, dict)
     assert slo["minutes"] == [1, 1, 0, 1] and slo["attainment"] == 0.75
     assert slo["ttftP99Seconds"] == 0.2 and slo["windowSeconds"] == 600
     idle = Snapshot(taken_at=0.0, window_s=60, fleet=Fleet(current=1, ready=1))
-    assert loop_status.slo(old, idle, spec())["minutes"] == [1, 1, 0, 1]  # idle: no evidence
+    assert loops.slo(old, idle, spec())["minutes"] == [1, 1, 0, 1]  # idle: no evidence
     bad = Snapshot(**{**snap(5.0).__dict__, "problem": Problem.STALE})
-    assert loop_status.slo(old, bad, spec())["minutes"] == [1, 1, 0, 1]  # untrusted: none
+    assert loops.slo(old, bad, spec())["minutes"] == [1, 1, 0, 1]  # untrusted: none
     many: dict[str, object] = {}
     for _ in range(15):
-        many = {"slo": loop_status.slo(many, snap(0.1), spec())}
+        many = {"slo": loops.slo(many, snap(0.1), spec())}
     assert len(many["slo"]["minutes"]) == 10  # type: ignore[index]
 
 
 def test_cost_accumulates_gpu_hours_waste_and_unit_costs() -> None:
     s = spec()
-    first = loop_status.cost({}, snap(0.5), s, now=1000.0)
+    first = loops.cost({}, snap(0.5), s, now=1000.0)
     assert first["gpuHours"] == 0 and first["currency"] == "USD"
-    old = {"cost": first, "capacity": {"updatedAt": loop_status.stamp(1000.0)}}
-    second = loop_status.cost(old, snap(0.5, ready=2, current=3), s, now=1060.0)
+    old = {"cost": first, "capacity": {"updatedAt": timestamps.stamp(1000.0)}}
+    second = loops.cost(old, snap(0.5, ready=2, current=3), s, now=1060.0)
     # 3 replicas x 2 GPUs for a minute; one replica was not ready: wasted
     assert second["gpuHours"] == round(3 * 2 / 60, 6)
     assert second["wastedGpuHours"] == round(1 * 2 / 60, 6)
@@ -76,7 +76,7 @@ def test_cost_accumulates_gpu_hours_waste_and_unit_costs() -> None:
     assert second["perSuccessfulRequest"] == round(0.1 * 3.0 / 60, 6)
     assert second["perMillionTokens"] == round(0.1 * 3.0 / 6000 * 1e6, 4)
     # a long gap (operator down) counts at most two intervals
-    later = loop_status.cost(old, snap(0.5), s, now=1000.0 + 3600)
+    later = loops.cost(old, snap(0.5), s, now=1000.0 + 3600)
     assert later["gpuHours"] == round(3 * 2 * 120 / 3600, 6)
 
 
@@ -85,30 +85,28 @@ def test_decisions_keep_the_last_ten_changes_with_their_signals() -> None:
     state = CapacityState()
     for i in range(12):
         d = Decision(i + 2, "DemandForecast", f"step {i}", state, 10.0 * i, 11.0, 5.0)
-        old = {"decisions": loop_status.decisions(old, d, snap(0.4), float(i), was=i + 1)}
+        old = {"decisions": loops.decisions(old, d, snap(0.4), float(i), was=i + 1)}
     kept = old["decisions"]
     assert isinstance(kept, list) and len(kept) == 10
     assert kept[-1]["toReplicas"] == 13 and kept[-1]["demandTokensPerSecond"] == 110.0
     assert kept[-1]["ttftP99Seconds"] == 0.4 and kept[0]["message"] == "step 2"
     same = Decision(13, "Stable", "no change", state)
-    assert loop_status.decisions(old, same, snap(0.4), 99.0, was=13) == kept
+    assert loops.decisions(old, same, snap(0.4), 99.0, was=13) == kept
 
 
 def test_controller_state_survives_status_and_garbage_starts_afresh() -> None:
     state = CapacityState(desired=4, startup_s=33.0)
     d = Decision(4, "Stable", "m", state)
-    capacity = loop_status.capacity(d, snap(0.3), 0.0, None)
+    capacity = loops.capacity(d, snap(0.3), 0.0, None)
     assert json.loads(capacity["controllerState"])["desired"] == 4
-    assert loop_status.controller_state({"capacity": capacity}) == state
-    assert loop_status.controller_state({"capacity": {"controllerState": "{oops"}}) == (
-        CapacityState()
-    )
+    assert loops.controller_state({"capacity": capacity}) == state
+    assert loops.controller_state({"capacity": {"controllerState": "{oops"}}) == (CapacityState())
 
 
 def test_metrics_condition_names_the_problem() -> None:
-    assert loop_status.metrics_condition(snap(0.3)).status == "True"
+    assert loops.metrics_condition(snap(0.3)).status == "True"
     bad = Snapshot(taken_at=0, window_s=60, problem=Problem.UNREACHABLE, message="refused")
-    cond = loop_status.metrics_condition(bad)
+    cond = loops.metrics_condition(bad)
     assert (cond.status, cond.reason, cond.message) == ("False", "Unreachable", "refused")
 
 
@@ -136,7 +134,7 @@ def test_fleet_counts_and_startup_time() -> None:
 
 
 def test_young_replicas_warm_up_only_while_an_older_one_serves() -> None:
-    start = loop_status.parse_stamp("2026-01-01T00:01:00Z")
+    start = timestamps.parse("2026-01-01T00:01:00Z")
     assert start is not None
     old, young = pod("a", True, "2026-01-01T00:00:00Z"), pod("b", True, "2026-01-01T00:01:00Z")
     assert warming([old, young], start + 5) == {"b"}
@@ -156,3 +154,25 @@ def test_operator_metrics_render_and_forget() -> None:
     assert 'kvscale_operator:gpu_hours_total{endpoint="ep",namespace="ns"} 0.5' in text
     metrics.forget(("ns", "ep"))
     assert "kvscale_operator:desired_replicas{" not in generate_latest(metrics.registry).decode()
+
+
+def test_timestamps_are_rfc3339_in_whole_seconds_and_parse_back() -> None:
+    assert timestamps.stamp(1e9) == "2001-09-09T01:46:40Z"
+    assert timestamps.parse("2001-09-09T01:46:40Z") == 1e9
+    assert timestamps.parse("2001-09-09T01:46:40.500000Z") == 1e9 + 0.5  # the API's MicroTime
+    assert timestamps.parse("") is None and timestamps.parse("yesterday") is None
+
+
+def test_a_pod_is_unschedulable_only_while_its_scheduled_condition_is_false() -> None:
+    """The status decides, not the reason alone: a scheduled pod may keep the old reason."""
+
+    def scheduled(status: str, reason: str) -> dict[str, object]:
+        cond = {"type": "PodScheduled", "status": status, "reason": reason, "message": "no gpu"}
+        return {"metadata": {"name": "p"}, "status": {"conditions": [cond]}}
+
+    assert fleet.unschedulable(scheduled("False", "Unschedulable"))
+    assert not fleet.unschedulable(scheduled("True", "Unschedulable"))
+    assert not fleet.unschedulable(scheduled("False", "SchedulingGated"))
+    assert fleet.scheduling_message(scheduled("False", "Unschedulable")) == "no gpu"
+    placed = scheduled("True", "Unschedulable")
+    assert endpoint.Observed.read({"metadata": {}, "status": {}}, [placed]).unschedulable == []

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvscale import children, router_children
 from kvscale.api.v1alpha1 import LLMEndpointSpec
+from kvscale.children import engine, router
 from kvscale_cluster import images
+from kvscale_cluster.specs import HOST_PATH_MODEL, llm_spec
 
-OWNER = children.Owner("chat", "team-a", "uid-1")
+OWNER = engine.Owner("chat", "team-a", "uid-1")
 
 
 def spec(**extra: Any) -> LLMEndpointSpec:
-    body = {"model": {"name": "llama-8b", "source": {"hostPath": {"path": "/models/llama"}}}}
-    return LLMEndpointSpec.model_validate({**body, **extra})
+    return llm_spec(model=HOST_PATH_MODEL, **extra)
 
 
 def by_kind(objs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -21,8 +21,8 @@ def by_kind(objs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 
 def test_render_is_deterministic_owned_and_labelled() -> None:
-    objs = router_children.render_router(OWNER, spec())
-    assert objs == router_children.render_router(OWNER, spec())
+    objs = router.render_router(OWNER, spec())
+    assert objs == router.render_router(OWNER, spec())
     assert [o["kind"] for o in objs] == [
         "ServiceAccount", "Role", "RoleBinding", "ConfigMap", "Service", "Deployment",
     ]  # fmt: skip
@@ -36,19 +36,19 @@ def test_render_is_deterministic_owned_and_labelled() -> None:
 
 
 def test_names_follow_the_contract() -> None:
-    objs = by_kind(router_children.render_router(OWNER, spec()))
+    objs = by_kind(router.render_router(OWNER, spec()))
     assert objs["Service"]["metadata"]["name"] == "chat"
     assert objs["ConfigMap"]["metadata"]["name"] == "chat-routing"
     assert "data" not in objs["ConfigMap"]  # the routing loop owns weights.json
     for kind in ("ServiceAccount", "Role", "RoleBinding", "Deployment"):
         assert objs[kind]["metadata"]["name"] == "chat-router"
     # never clashes with the engine's children
-    engine = {o["metadata"]["name"] for o in children.render(OWNER, spec(), 1)}
-    assert engine.isdisjoint({"chat", "chat-routing", "chat-router"})
+    engines = {o["metadata"]["name"] for o in engine.render(OWNER, spec(), 1)}
+    assert engines.isdisjoint({"chat", "chat-routing", "chat-router"})
 
 
 def test_rbac_reads_only_what_the_router_watches() -> None:
-    objs = by_kind(router_children.render_router(OWNER, spec()))
+    objs = by_kind(router.render_router(OWNER, spec()))
     rules = objs["Role"]["rules"]
     assert all(r["verbs"] == ["get", "list", "watch"] for r in rules)
     assert {(r["apiGroups"][0], r["resources"][0]) for r in rules} == {
@@ -64,7 +64,7 @@ def test_rbac_reads_only_what_the_router_watches() -> None:
 
 
 def test_service_sends_the_endpoint_port_to_the_routers() -> None:
-    objs = by_kind(router_children.render_router(OWNER, spec()))
+    objs = by_kind(router.render_router(OWNER, spec()))
     service, dep = objs["Service"], objs["Deployment"]
     assert service["spec"]["ports"][0]["port"] == 8000
     assert service["spec"]["ports"][0]["targetPort"] == "http"
@@ -73,12 +73,12 @@ def test_service_sends_the_endpoint_port_to_the_routers() -> None:
     assert container["ports"] == [{"name": "http", "containerPort": 8080, "protocol": "TCP"}]
     assert service["spec"]["selector"] == dep["spec"]["selector"]["matchLabels"]
     assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
-    engine_selector = children.selector_labels("chat")
+    engine_selector = engine.selector_labels("chat")
     assert service["spec"]["selector"] != engine_selector  # clients reach routers, not engines
 
 
 def test_router_runs_the_engine_image_with_its_own_command() -> None:
-    dep = router_children.router_deployment(OWNER, spec(engine={"image": "kvscale/engine:0.2"}))
+    dep = router.router_deployment(OWNER, spec(engine={"image": "kvscale/engine:0.2"}))
     pod = dep["spec"]["template"]["spec"]
     c = pod["containers"][0]
     assert c["image"] == "kvscale/engine:0.2" and c["command"] == ["kvscale-router"]
@@ -91,7 +91,7 @@ def test_router_runs_the_engine_image_with_its_own_command() -> None:
     assert pod["automountServiceAccountToken"] is True
     assert c["securityContext"]["readOnlyRootFilesystem"] is True
     assert c["readinessProbe"]["httpGet"]["path"] == "/ready"
-    vllm = router_children.router_deployment(
+    vllm = router.router_deployment(
         OWNER, spec(engine={"image": "vllm/vllm-openai:v0.6", "kind": "vllm"})
     )
     assert vllm["spec"]["template"]["spec"]["containers"][0]["image"].startswith("kvscale/router")
@@ -100,12 +100,12 @@ def test_router_runs_the_engine_image_with_its_own_command() -> None:
 def test_two_routers_once_the_endpoint_may_have_two_replicas() -> None:
     one = spec(scaling={"minReplicas": 1, "maxReplicas": 1})
     many = spec(scaling={"minReplicas": 1, "maxReplicas": 4})
-    assert router_children.router_deployment(OWNER, one)["spec"]["replicas"] == 1
-    assert router_children.router_deployment(OWNER, many)["spec"]["replicas"] == 2
+    assert router.router_deployment(OWNER, one)["spec"]["replicas"] == 1
+    assert router.router_deployment(OWNER, many)["spec"]["replicas"] == 2
 
 
 def test_traffic_classes_reach_the_router() -> None:
     classes = [{"name": "interactive", "priority": 10, "maxQueueWaitSeconds": 2}]
-    args = router_children.router_args(OWNER, spec(trafficClasses=classes))
+    args = router.router_args(OWNER, spec(trafficClasses=classes))
     assert '"name":"interactive"' in args[args.index("--traffic-classes") + 1]
-    assert "--traffic-classes" not in router_children.router_args(OWNER, spec())
+    assert "--traffic-classes" not in router.router_args(OWNER, spec())

@@ -2,9 +2,9 @@
 
 from typing import Any
 
-from kvscale import status
-from kvscale.conditions import Cond, find, merge
 from kvscale.reconcile import replica_event
+from kvscale.status import endpoint
+from kvscale.status.conditions import Cond, find, merge
 
 
 def deployment(replicas: int, ready: int, updated: int, generation: int = 1, **conds: Any) -> Any:
@@ -20,8 +20,8 @@ def deployment(replicas: int, ready: int, updated: int, generation: int = 1, **c
     }
 
 
-def compute(desired: int, seen: status.Observed, old: Any = None, **kw: Any) -> Any:
-    return status.compute(
+def compute(desired: int, seen: endpoint.Observed, old: Any = None, **kw: Any) -> Any:
+    return endpoint.compute(
         generation=4,
         desired=desired,
         selector="a=b",
@@ -39,7 +39,7 @@ def cond(st: Any, type_: str) -> Any:
 
 
 def test_ready_endpoint_is_available_and_stable() -> None:
-    st = compute(2, status.Observed.read(deployment(2, 2, 2)))
+    st = compute(2, endpoint.Observed.read(deployment(2, 2, 2)))
     assert cond(st, "Available")["status"] == "True"
     assert cond(st, "Progressing")["reason"] == "Stable"
     assert cond(st, "Degraded")["status"] == "False"
@@ -47,19 +47,19 @@ def test_ready_endpoint_is_available_and_stable() -> None:
 
 
 def test_scaling_up_is_progressing() -> None:
-    st = compute(3, status.Observed.read(deployment(3, 1, 3)))
+    st = compute(3, endpoint.Observed.read(deployment(3, 1, 3)))
     assert cond(st, "Progressing")["reason"] == "ScalingUp"
     assert cond(st, "Available")["status"] == "True"
 
 
 def test_missing_deployment_is_not_available() -> None:
-    st = compute(1, status.Observed.read(None))
+    st = compute(1, endpoint.Observed.read(None))
     assert cond(st, "Available")["reason"] == "NoReplicasReady"
     assert cond(st, "Progressing")["reason"] == "RollingOut"
 
 
 def test_scaled_to_zero() -> None:
-    st = compute(0, status.Observed.read(deployment(0, 0, 0)))
+    st = compute(0, endpoint.Observed.read(deployment(0, 0, 0)))
     assert cond(st, "Available")["reason"] == "ScaledToZero"
 
 
@@ -70,7 +70,7 @@ def test_deadline_exceeded_degrades() -> None:
         1,
         Progressing={"status": "False", "reason": "ProgressDeadlineExceeded", "message": "x"},
     )
-    st = compute(1, status.Observed.read(dep))
+    st = compute(1, endpoint.Observed.read(dep))
     assert cond(st, "Degraded")["reason"] == "ProgressDeadlineExceeded"
     assert cond(st, "Progressing")["status"] == "False"
 
@@ -90,8 +90,8 @@ def test_operator_problems_and_pod_failures_degrade() -> None:
             "containerStatuses": [{"state": {"waiting": {"reason": "CrashLoopBackOff"}}}],
         },
     }
-    problem = status.Problem("ModelSourceNotFound", "PersistentVolumeClaim w does not exist")
-    st = compute(1, status.Observed.read(deployment(1, 0, 1), [pod]), problems=[problem])
+    problem = endpoint.Problem("ModelSourceNotFound", "PersistentVolumeClaim w does not exist")
+    st = compute(1, endpoint.Observed.read(deployment(1, 0, 1), [pod]), problems=[problem])
     degraded = cond(st, "Degraded")
     assert degraded["status"] == "True" and degraded["reason"] == "ModelSourceNotFound"
     assert "CrashLoopBackOff" in degraded["message"]
@@ -120,10 +120,10 @@ def test_conditions_from_other_controllers_are_kept() -> None:
 
 
 def test_unchanged_status_writes_nothing() -> None:
-    seen = status.Observed.read(deployment(1, 1, 1))
+    seen = endpoint.Observed.read(deployment(1, 1, 1))
     first = compute(1, seen, now="t1")
     again = compute(1, seen, old=first, now="t2")
-    assert status.changes(first, again) == {}
+    assert endpoint.changes(first, again) == {}
 
 
 def test_replica_events() -> None:
@@ -157,8 +157,8 @@ def test_a_spec_the_operator_cannot_use_degrades_without_api_calls() -> None:
 
 
 def test_kstatus_conditions_follow_the_others() -> None:
-    from kvscale.conditions import Cond
-    from kvscale.status import kstatus
+    from kvscale.status.conditions import Cond
+    from kvscale.status.kstatus import kstatus
 
     def by_type(conds: list[Cond]) -> dict[str, tuple[str, str]]:
         return {c.type: (c.status, c.reason) for c in conds}
@@ -189,7 +189,7 @@ def test_kstatus_conditions_follow_the_others() -> None:
 
 
 def test_an_invalid_spec_is_stalled() -> None:
-    st = status.invalid_spec(4, "spec.model: bad", {}, "t1")
+    st = endpoint.invalid_spec(4, "spec.model: bad", {}, "t1")
     stalled = find(st["conditions"], "Stalled")
     assert stalled is not None and stalled["status"] == "True"
     assert stalled["reason"] == "InvalidSpec" and stalled["observedGeneration"] == 4

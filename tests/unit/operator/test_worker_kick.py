@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from kvscale import worker
+from kvscale.context import Context
 from kvscale.kube import KubeError
 from kvscale.operator_metrics import OperatorMetrics
 from kvscale.reconcile import Outcome
@@ -42,7 +43,7 @@ async def test_kick_during_a_reconcile_triggers_another(monkeypatch: pytest.Monk
         return Outcome(status={}, changes={}, invalid="held")  # no writes, no capacity tick
 
     monkeypatch.setattr(worker, "reconcile", reconcile)
-    ctx = worker.Context(kube=None, source=lambda _: None, metrics=OperatorMetrics())  # type: ignore[arg-type]
+    ctx = Context(kube=None, source=lambda _: None, metrics=OperatorMetrics())  # type: ignore[arg-type]
     endpoint = worker.EndpointWorker(ctx, BODY)
     endpoint.start()
     try:
@@ -68,7 +69,7 @@ async def test_failed_reconcile_is_retried_soon(monkeypatch: pytest.MonkeyPatch)
         return Outcome(status={}, changes={}, invalid="held")
 
     monkeypatch.setattr(worker, "reconcile", reconcile)
-    ctx = worker.Context(kube=None, source=lambda _: None, metrics=OperatorMetrics())  # type: ignore[arg-type]
+    ctx = Context(kube=None, source=lambda _: None, metrics=OperatorMetrics())  # type: ignore[arg-type]
     endpoint = worker.EndpointWorker(ctx, BODY)
     endpoint.start()
     try:

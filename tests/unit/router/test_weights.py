@@ -75,3 +75,14 @@ def test_the_router_reads_what_the_operator_publishes() -> None:
     assert published is not None
     assert published.weights == {"p-0": 1.0, "p-1": 0.0}
     assert published.reason == routing.WARMING and published.updated_at == "2001-09-09T01:46:40Z"
+
+
+def test_operator_and_router_agree_on_the_key_and_the_port() -> None:
+    """The router's defaults are the operator's constants (the packages may not import each
+    other, so this test holds them together)."""
+    from kvscale.children.router import ROUTER_PORT
+    from kvscale.controllers import routing
+    from kvscale_router import cli, weights
+
+    assert routing.WEIGHTS_KEY == weights.WEIGHTS_KEY
+    assert ROUTER_PORT == cli.ROUTER_PORT

@@ -12,8 +12,17 @@ from __future__ import annotations
 import json
 
 from kvscale.api import v1alpha1 as api
-from kvscale.children import JSON, Owner, labels, probe, selector_labels
-from kvscale.engine_args import ENGINE_PORT
+from kvscale.children.engine import (
+    JSON,
+    Owner,
+    http_service,
+    labels,
+    metadata,
+    probe,
+    restricted_security,
+    selector_labels,
+)
+from kvscale.children.engine_args import ENGINE_PORT
 
 ROUTER_PORT = 8080
 ROUTER_COMMAND = "kvscale-router"
@@ -41,15 +50,6 @@ def router_image(spec: api.LLMEndpointSpec) -> str:
     return spec.engine.image if spec.engine.kind == "kvscale" else ROUTER_IMAGE
 
 
-def _metadata(owner: Owner, name: str) -> JSON:
-    return {
-        "name": name,
-        "namespace": owner.namespace,
-        "labels": labels(owner.name, ROLE),
-        "ownerReferences": [owner.reference()],
-    }
-
-
 def router_args(owner: Owner, spec: api.LLMEndpointSpec) -> list[str]:
     args = [
         "--endpoint", owner.name, "--namespace", owner.namespace,
@@ -67,7 +67,7 @@ def service_account(owner: Owner) -> JSON:
     return {
         "apiVersion": "v1",
         "kind": "ServiceAccount",
-        "metadata": _metadata(owner, router_name(owner.name)),
+        "metadata": metadata(owner, router_name(owner.name), ROLE),
     }
 
 
@@ -76,7 +76,7 @@ def role(owner: Owner) -> JSON:
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "Role",
-        "metadata": _metadata(owner, router_name(owner.name)),
+        "metadata": metadata(owner, router_name(owner.name), ROLE),
         "rules": [
             {"apiGroups": [""], "resources": ["pods"], "verbs": read},
             {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": read},
@@ -95,7 +95,7 @@ def role_binding(owner: Owner) -> JSON:
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "RoleBinding",
-        "metadata": _metadata(owner, name),
+        "metadata": metadata(owner, name, ROLE),
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
         "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": owner.namespace}],
     }
@@ -115,14 +115,7 @@ def _container(owner: Owner, spec: api.LLMEndpointSpec) -> JSON:
         },
         "readinessProbe": probe("/ready", 2, 2),
         "livenessProbe": probe("/health", 10, 3),
-        "securityContext": {
-            "runAsNonRoot": True,
-            "runAsUser": 10001,
-            "runAsGroup": 10001,
-            "readOnlyRootFilesystem": True,
-            "allowPrivilegeEscalation": False,
-            "capabilities": {"drop": ["ALL"]},
-        },
+        "securityContext": restricted_security(),
         "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
     }
 
@@ -139,7 +132,7 @@ def router_deployment(owner: Owner, spec: api.LLMEndpointSpec) -> JSON:
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": _metadata(owner, router_name(owner.name)),
+        "metadata": metadata(owner, router_name(owner.name), ROLE),
         "spec": {
             "replicas": router_replicas(spec),
             "selector": {"matchLabels": match},
@@ -179,25 +172,14 @@ def router_deployment(owner: Owner, spec: api.LLMEndpointSpec) -> JSON:
 
 def router_service(owner: Owner) -> JSON:
     """`<name>`: the address clients use, on the engine's port, served by the routers."""
-    return {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": _metadata(owner, owner.name),
-        "spec": {
-            "type": "ClusterIP",
-            "selector": selector_labels(owner.name, ROLE),
-            "ports": [
-                {"name": "http", "port": ENGINE_PORT, "targetPort": "http", "protocol": "TCP"}
-            ],
-        },
-    }
+    return http_service(owner, owner.name, ROLE)
 
 
 def routing_configmap(owner: Owner) -> JSON:
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": _metadata(owner, routing_configmap_name(owner.name)),
+        "metadata": metadata(owner, routing_configmap_name(owner.name), ROLE),
     }
 
 

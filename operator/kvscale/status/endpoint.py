@@ -6,7 +6,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvscale.conditions import Cond, merge
+from kvscale import fleet
+from kvscale.status.conditions import Cond, merge
+from kvscale.status.kstatus import kstatus
 
 JSON = dict[str, Any]
 _FAILING_WAITS = {
@@ -69,9 +71,8 @@ def _pod_problems(pods: Iterable[JSON]) -> tuple[list[str], list[Problem]]:
     failing: list[Problem] = []
     for pod in pods:
         name = pod["metadata"]["name"]
-        for cond in pod.get("status", {}).get("conditions", []):
-            if cond.get("type") == "PodScheduled" and cond.get("reason") == "Unschedulable":
-                unschedulable.append(f"{name}: {cond.get('message', '')}")
+        if fleet.unschedulable(pod):
+            unschedulable.append(f"{name}: {fleet.scheduling_message(pod)}")
         for cs in pod.get("status", {}).get("containerStatuses", []):
             waiting = cs.get("state", {}).get("waiting", {})
             why = waiting.get("reason", "")
@@ -132,47 +133,6 @@ def _capacity_limited(seen: Observed) -> Cond:
         message = f"{count} replica(s) cannot be scheduled: " + "; ".join(seen.unschedulable)
         return Cond("CapacityLimited", "True", "ReplicasUnschedulable", message)
     return Cond("CapacityLimited", "False", "AllScheduled", "Every replica found a node")
-
-
-# Degraded reasons that will not go away by waiting: kstatus calls the object Stalled
-STUCK = {
-    "InvalidSpec",
-    "ProgressDeadlineExceeded",
-    "ImagePullFailed",
-    "EngineCrashLooping",
-    "EngineConfigError",
-    "ModelSourceNotFound",
-    "ReplicaFailure",
-}
-
-
-def kstatus(conds: list[Cond]) -> list[Cond]:
-    """`Ready`, `Reconciling` and `Stalled` as kstatus (Flux, Argo CD) reads them.
-
-    `Reconciling` and `Stalled` are abnormal-true: True only while converging or stuck.
-    """
-    by_type = {c.type: c for c in conds}
-    degraded = by_type.get("Degraded")
-    progressing = by_type.get("Progressing")
-    available = by_type.get("Available")
-    if degraded is not None and degraded.status == "True" and degraded.reason in STUCK:
-        return [
-            Cond("Stalled", "True", degraded.reason, degraded.message),
-            Cond("Reconciling", "False", "Stalled", "Stuck until the problem is fixed"),
-            Cond("Ready", "False", degraded.reason, degraded.message),
-        ]
-    stalled = Cond("Stalled", "False", "AsExpected", "Nothing blocks progress")
-    if progressing is not None and progressing.status == "True":
-        return [
-            stalled,
-            Cond("Reconciling", "True", progressing.reason, progressing.message),
-            Cond("Ready", "False", progressing.reason, progressing.message),
-        ]
-    settled = Cond("Reconciling", "False", "Settled", "The endpoint matches its spec")
-    if available is not None and (available.status == "True" or available.reason == "ScaledToZero"):
-        return [stalled, settled, Cond("Ready", "True", available.reason, available.message)]
-    why = available or Cond("Available", "False", "Unknown", "Availability unknown")
-    return [stalled, settled, Cond("Ready", "False", why.reason, why.message)]
 
 
 def compute(

@@ -10,30 +10,17 @@ from __future__ import annotations
 
 import json
 import math
-from datetime import UTC, datetime
 from typing import Any
 
 from kvscale.api import v1alpha1 as api
-from kvscale.conditions import Cond
 from kvscale.controllers.capacity import CapacityState, Decision
 from kvscale.signals.snapshot import Snapshot
+from kvscale.status.conditions import Cond
+from kvscale.timestamps import parse, stamp
 
 JSON = dict[str, Any]
 DECISIONS_KEPT = 10
 SLO_WINDOW_S = 600.0  # attainment covers the intervals of the last ten minutes
-
-
-def stamp(at: float) -> str:
-    return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def parse_stamp(text: str | None) -> float | None:
-    if not text:
-        return None
-    try:
-        return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
-    except ValueError:
-        return None
 
 
 def controller_state(old: JSON) -> CapacityState:
@@ -43,6 +30,24 @@ def controller_state(old: JSON) -> CapacityState:
         return CapacityState.from_dict(json.loads(raw) if raw else None)
     except ValueError:
         return CapacityState()
+
+
+def report(
+    old: JSON,
+    decision: Decision,
+    snap: Snapshot,
+    spec: api.LLMEndpointSpec,
+    now: float,
+    victim: str | None,
+    was: int,
+) -> JSON:
+    """The four sections a capacity tick writes, from the status it read (`old`)."""
+    return {
+        "capacity": capacity(decision, snap, now, victim),
+        "slo": slo(old, snap, spec),
+        "cost": cost(old, snap, spec, now),
+        "decisions": decisions(old, decision, snap, now, was),
+    }
 
 
 def metrics_condition(snap: Snapshot) -> Cond:
@@ -109,7 +114,7 @@ def cost(old: JSON, snap: Snapshot, spec: api.LLMEndpointSpec, now: float) -> JS
     wasted share is replicas still warming up plus ready replicas that served nothing.
     """
     before = old.get("cost") or {}
-    last = parse_stamp((old.get("capacity") or {}).get("updatedAt"))
+    last = parse((old.get("capacity") or {}).get("updatedAt"))
     interval = spec.scaling.capacity_interval_seconds
     dt = min(max(now - last, 0.0), 2.0 * interval) if last is not None else 0.0
     gpus = max(spec.resources.gpus_per_replica, 1)

@@ -1,32 +1,36 @@
 """The routing loop of one endpoint around the pure weights law, every routing interval.
 
 It feeds `controllers.routing.decide` the replicas' signals (read by the capacity loop's source
-at the same cadence), which pods are still warming up and which one is being drained, then
-publishes the weights where the router watches them (the `<endpoint>-routing` ConfigMap, under
-its own field manager so the reconcile's apply of the empty ConfigMap never erases them) and in
-`status.routing`. Weights are published only when they change.
+at the same cadence; the worker hands them over), which pods are still warming up and which one
+is being drained, then publishes the weights where the router watches them (the
+`<endpoint>-routing` ConfigMap, under its own field manager so the reconcile's apply of the empty
+ConfigMap never erases them) and in `status.routing`. Weights are published only when they
+change.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Collection
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from kvscale import fleet, loop_status
+from kvscale import fleet
 from kvscale.api import v1alpha1 as api
-from kvscale.controllers.routing import RoutingParams, RoutingState, decide
-from kvscale.router_children import routing_configmap_name
+from kvscale.children.router import routing_configmap_name
+from kvscale.context import Context
+from kvscale.controllers.routing import (
+    WEIGHTS_KEY,
+    RoutingParams,
+    RoutingState,
+    decide,
+    publication,
+)
 from kvscale.signals.snapshot import Snapshot
-
-if TYPE_CHECKING:
-    from kvscale.worker import Context
+from kvscale.timestamps import stamp
 
 JSON = dict[str, Any]
 WARMUP_S = 10.0  # a replica gets traffic this long after it turned Ready
 ROUTING_MANAGER = "kvscale-routing"
-WEIGHTS_KEY = "weights.json"
 
 
 def warming(pods: Collection[JSON], now: float) -> set[str]:
@@ -69,8 +73,6 @@ class RoutingLoop:
         self.ctx.metrics.weights((self.namespace, self.name), decision.weights)
         if decision.weights == self.published:
             return {}
-        stamp = loop_status.stamp(now)
-        body = {"weights": decision.weights, "updatedAt": stamp, "reason": decision.reason}
         configmap = {
             "apiVersion": "v1",
             "kind": "ConfigMap",
@@ -78,14 +80,14 @@ class RoutingLoop:
                 "name": routing_configmap_name(self.name),
                 "namespace": self.namespace,
             },
-            "data": {WEIGHTS_KEY: json.dumps(body, sort_keys=True)},
+            "data": {WEIGHTS_KEY: publication(decision, now)},
         }
         await asyncio.to_thread(self.ctx.kube.apply, configmap, ROUTING_MANAGER)
         self.published = dict(decision.weights)
         return {
             "routing": {
                 "weights": decision.weights,
-                "updatedAt": stamp,
+                "updatedAt": stamp(now),
                 "reason": f"{decision.reason}: {decision.message}",
             }
         }

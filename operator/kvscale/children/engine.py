@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvscale.api import v1alpha1 as api
-from kvscale.engine_args import (
+from kvscale.children.engine_args import (
     DRAIN_SECONDS,
     ENDPOINTS,
     ENGINE_PORT,
@@ -68,12 +68,40 @@ def labels(endpoint: str, role: str = "engine") -> dict[str, str]:
     }
 
 
-def _metadata(owner: Owner, name: str) -> JSON:
+def metadata(owner: Owner, name: str, role: str = "engine") -> JSON:
+    """A child's name, labels and owner reference (the endpoint: its deletion collects them)."""
     return {
         "name": name,
         "namespace": owner.namespace,
-        "labels": labels(owner.name),
+        "labels": labels(owner.name, role),
         "ownerReferences": [owner.reference()],
+    }
+
+
+def restricted_security() -> JSON:
+    """A container's securityContext: non-root, read-only root, no escalation, no capabilities."""
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": 10001,
+        "runAsGroup": 10001,
+        "readOnlyRootFilesystem": True,
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+    }
+
+
+def http_service(owner: Owner, name: str, role: str) -> JSON:
+    """A ClusterIP Service `name` on the engine's port, to the pods of `role`."""
+    port = {"name": "http", "port": ENGINE_PORT, "targetPort": "http", "protocol": "TCP"}
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": metadata(owner, name, role),
+        "spec": {
+            "type": "ClusterIP",
+            "selector": selector_labels(owner.name, role),
+            "ports": [port],
+        },
     }
 
 
@@ -130,14 +158,7 @@ def _engine_container(spec: api.LLMEndpointSpec) -> JSON:
         "startupProbe": probe(paths.live, 2, 300),
         "readinessProbe": probe(paths.ready, 2, 2),
         "livenessProbe": probe(paths.live, 10, 3),
-        "securityContext": {
-            "runAsNonRoot": True,
-            "runAsUser": 10001,
-            "runAsGroup": 10001,
-            "readOnlyRootFilesystem": True,
-            "allowPrivilegeEscalation": False,
-            "capabilities": {"drop": ["ALL"]},
-        },
+        "securityContext": restricted_security(),
         "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}, *mounts],
     }
     # no preStop hook: a hook's httpGet can only GET, and drain is POST-only; SIGTERM itself turns
@@ -167,7 +188,7 @@ def engine_deployment(owner: Owner, spec: api.LLMEndpointSpec, replicas: int) ->
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": _metadata(owner, engine_name(owner.name)),
+        "metadata": metadata(owner, engine_name(owner.name)),
         "spec": {
             "replicas": replicas,
             "selector": {"matchLabels": selector_labels(owner.name)},
@@ -192,25 +213,14 @@ def engine_deployment(owner: Owner, spec: api.LLMEndpointSpec, replicas: int) ->
 
 
 def engine_service(owner: Owner) -> JSON:
-    return {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": _metadata(owner, engine_name(owner.name)),
-        "spec": {
-            "type": "ClusterIP",
-            "selector": selector_labels(owner.name),
-            "ports": [
-                {"name": "http", "port": ENGINE_PORT, "targetPort": "http", "protocol": "TCP"}
-            ],
-        },
-    }
+    return http_service(owner, engine_name(owner.name), "engine")
 
 
 def engine_pdb(owner: Owner) -> JSON:
     return {
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",
-        "metadata": _metadata(owner, engine_name(owner.name)),
+        "metadata": metadata(owner, engine_name(owner.name)),
         "spec": {
             "maxUnavailable": 1,
             "selector": {"matchLabels": selector_labels(owner.name)},

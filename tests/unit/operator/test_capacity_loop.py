@@ -1,0 +1,201 @@
+"""The capacity loop around a scripted law: it carries out a scale-in step by step (weight 0,
+drain, wait, mark, scale down), undrains when demand returns, and owns the replica count; and
+the routing loop publishes exactly what `controllers.routing.publication` writes."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any, cast
+
+import httpx
+import pytest
+
+from kvscale import capacity_loop
+from kvscale.api.v1alpha1 import LLMEndpointSpec
+from kvscale.capacity_loop import CapacityLoop
+from kvscale.context import Context
+from kvscale.controllers import routing
+from kvscale.controllers.capacity import CapacityState, Decision
+from kvscale.drain import DELETION_COST
+from kvscale.operator_metrics import OperatorMetrics
+from kvscale.routing_loop import RoutingLoop
+from kvscale.signals.snapshot import ReplicaSignals, Snapshot
+from kvscale.signals.source import Target
+from kvscale_cluster.specs import spec_body
+
+JSON = dict[str, Any]
+PODS = {"p-0": "10.0.0.1", "p-1": "10.0.0.2", "p-2": "10.0.0.3"}
+SPEC = spec_body(scaling={"capacityIntervalSeconds": 60, "routingIntervalSeconds": 5})
+
+
+def pod(name: str, ip: str) -> JSON:
+    ready = {"type": "Ready", "status": "True", "lastTransitionTime": "2026-01-01T00:00:00Z"}
+    return {
+        "metadata": {"name": name, "creationTimestamp": "2026-01-01T00:00:00Z"},
+        "status": {"podIP": ip, "conditions": [ready]},
+    }
+
+
+class FakeKube:
+    def __init__(self) -> None:
+        self.annotated: list[tuple[str, dict[str, str]]] = []
+        self.applied: list[tuple[JSON, str]] = []
+
+    def list_pods(self, namespace: str, selector: str) -> list[JSON]:
+        return [] if "router" in selector else [pod(n, ip) for n, ip in PODS.items()]
+
+    def annotate_pod(self, namespace: str, name: str, annotations: dict[str, str]) -> None:
+        self.annotated.append((name, annotations))
+
+    def apply(self, obj: JSON, manager: str) -> JSON:
+        self.applied.append((obj, manager))
+        return obj
+
+
+class FakeSource:
+    async def snapshot(self, target: Target, now: float) -> Snapshot:
+        reps = tuple(ReplicaSignals(pod=p.name, running=1) for p in target.pods)
+        return Snapshot(taken_at=now, window_s=target.window_s, replicas=reps)
+
+    def forget(self, namespace: str, endpoint: str) -> None:
+        pass
+
+
+class Admin:
+    """The engines' admin API: records the calls, answers with `in_flight`."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+        self.in_flight = 0
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        self.calls.append(f"{request.method} {request.url.host}{request.url.path}")
+        return httpx.Response(200, json={"in_flight": self.in_flight, "queued": 0})
+
+
+def script(desired: list[int]) -> Any:
+    """A law that answers `desired` in turn, naming p-2 when it wants fewer replicas."""
+    answers = iter(desired)
+
+    def decide(
+        history: Sequence[Snapshot], spec: LLMEndpointSpec, state: CapacityState, now: float
+    ) -> Decision:
+        want = next(answers)
+        current = history[-1].fleet.current
+        victim = "p-2" if want < current else None
+        message = "demand fell" if want < current else "demand rose"
+        return Decision(want, "Scripted", message, state, victim=victim)
+
+    return decide
+
+
+@pytest.fixture
+def admin() -> Admin:
+    return Admin()
+
+
+@pytest.fixture
+def kube() -> FakeKube:
+    return FakeKube()
+
+
+def context(kube: object) -> Context:
+    source: Any = FakeSource()
+    return Context(kube=cast(Any, kube), source=lambda _: source, metrics=OperatorMetrics())
+
+
+def loop(kube: object, admin: Admin) -> CapacityLoop:
+    ctx = context(kube)
+    client = httpx.AsyncClient(transport=httpx.MockTransport(admin))
+    return CapacityLoop(ctx, "ns", "chat", admin=client)
+
+
+BODY: JSON = {"spec": SPEC, "status": {"capacity": {"desired": 3}}}
+
+
+async def test_a_scale_in_walks_weight_zero_drain_wait_mark_scale_down(
+    monkeypatch: pytest.MonkeyPatch, kube: FakeKube, admin: Admin
+) -> None:
+    monkeypatch.setattr(capacity_loop, "decide", script([2]))
+    cap = loop(kube, admin)
+    assert cap.desired(BODY) == 3  # before it decides, the count in status stands
+    first = await cap.tick(BODY, 1000.0)
+    assert [e.reason for e in first.events] == ["DrainingReplica"] and not first.rescale
+    assert first.read is not None and first.read.draining == {"p-2"}
+    assert first.status["capacity"]["victim"] == "p-2" and first.status["capacity"]["desired"] == 2
+    assert set(first.status) == {"capacity", "slo", "cost", "decisions"}
+    assert cap.desired(BODY) == 3 and admin.calls == []  # weight 0 first: routers learn it
+    await cap.tick(BODY, 1005.0)
+    assert admin.calls == ["POST 10.0.0.3/drain"]
+    admin.in_flight = 1
+    waiting = await cap.tick(BODY, 1010.0)
+    assert admin.calls[-1] == "GET 10.0.0.3/drain" and not waiting.rescale
+    admin.in_flight = 0
+    done = await cap.tick(BODY, 1015.0)
+    assert kube.annotated == [("p-2", {DELETION_COST: "-1000"})]
+    assert done.rescale and done.why == "p-2 drained in 15 s (demand fell)"
+    assert cap.desired(BODY) == 2 and cap.drain is None
+    assert done.read is not None and done.read.draining == frozenset()
+
+
+async def test_demand_coming_back_undrains_the_victim(
+    monkeypatch: pytest.MonkeyPatch, kube: FakeKube, admin: Admin
+) -> None:
+    monkeypatch.setattr(capacity_loop, "decide", script([2, 3]))
+    cap = loop(kube, admin)
+    body = {**BODY, "spec": {**SPEC, "scaling": {"capacityIntervalSeconds": 20}}}
+    await cap.tick(body, 1000.0)
+    await cap.tick(body, 1005.0)  # POST /drain
+    admin.in_flight = 4
+    back = await cap.tick(body, 1020.0)  # a capacity interval later the law wants 3 again
+    assert [e.reason for e in back.events] == ["DrainCancelled"]
+    assert admin.calls[-1] == "POST 10.0.0.3/undrain" and cap.drain is None
+    assert cap.desired(body) == 3 and not back.rescale and kube.annotated == []
+
+
+async def test_the_drain_deadline_scales_in_with_requests_in_flight(
+    monkeypatch: pytest.MonkeyPatch, kube: FakeKube, admin: Admin
+) -> None:
+    monkeypatch.setattr(capacity_loop, "decide", script([2]))
+    cap = loop(kube, admin)
+    admin.in_flight = 3
+    await cap.tick(BODY, 1000.0)
+    late = None
+    for now in range(1005, 1031, 5):
+        late = await cap.tick(BODY, float(now))
+    assert late is not None and late.rescale and cap.desired(BODY) == 2
+
+
+async def test_a_scale_out_is_applied_at_once(
+    monkeypatch: pytest.MonkeyPatch, kube: FakeKube, admin: Admin
+) -> None:
+    monkeypatch.setattr(capacity_loop, "decide", script([5]))
+    cap = loop(kube, admin)
+    tick = await cap.tick(BODY, 1000.0)
+    assert tick.rescale and tick.why == "demand rose" and cap.desired(BODY) == 5
+    assert tick.status["decisions"][-1]["toReplicas"] == 5 and admin.calls == []
+
+
+async def test_an_unusable_spec_waits_without_reading_anything(admin: Admin) -> None:
+    class NoKube:
+        pass
+
+    cap = loop(NoKube(), admin)
+    tick = await cap.tick({"spec": {}}, 1000.0)
+    assert tick.next_in == 30.0 and tick.read is None and tick.status == {}
+
+
+async def test_the_routing_loop_publishes_what_publication_writes(kube: FakeKube) -> None:
+    ctx = context(kube)
+    spec = LLMEndpointSpec.model_validate(SPEC)
+    pods = [pod(n, ip) for n, ip in PODS.items()]
+    snap = Snapshot(taken_at=1e9, window_s=15.0)
+    status = await RoutingLoop(ctx, "ns", "chat").tick(spec, snap, pods, {"p-2"}, 1e9)
+    expected = routing.decide(sorted(PODS), (), (), {"p-2"}, routing.RoutingState())
+    (configmap, manager), *_ = kube.applied
+    assert manager == "kvscale-routing"
+    assert configmap["metadata"] == {"name": "chat-routing", "namespace": "ns"}
+    assert configmap["data"] == {routing.WEIGHTS_KEY: routing.publication(expected, 1e9)}
+    assert json.loads(configmap["data"][routing.WEIGHTS_KEY])["weights"]["p-2"] == 0.0
+    assert status["routing"]["weights"] == expected.weights
