@@ -26,6 +26,7 @@ from kvscale.children import engine
 from kvscale.children.engine_args import DRAIN_SECONDS, ENGINE_PORT
 from kvscale.children.router import ROUTER_PORT
 from kvscale.context import Context
+from kvscale.controllers import feasibility
 from kvscale.controllers.capacity import CapacityState, Decision, decide
 from kvscale.kube import KubeError
 from kvscale.reconcile import Event
@@ -73,6 +74,7 @@ class CapacityLoop:
         self.replicas: int | None = None  # decided by this loop (None: not yet)
         self.drain: drain.Drain | None = None
         self.state: CapacityState | None = None
+        self.feasibility: feasibility.Feasibility | None = None  # from the last quiet window
         self._next_capacity = 0.0
         self._next_fast = 0.0
         self._source: SignalSource | None = None
@@ -92,7 +94,10 @@ class CapacityLoop:
         return int(held) if held is not None else None
 
     def conditions(self) -> list[Cond]:
-        return [loops.metrics_condition(self.latest)] if self.latest is not None else []
+        out = [loops.metrics_condition(self.latest)] if self.latest is not None else []
+        if self.feasibility is not None:
+            out.append(loops.feasibility_condition(self.feasibility))
+        return out
 
     async def close(self) -> None:
         if self._source is not None:
@@ -166,6 +171,9 @@ class CapacityLoop:
         keep = math.ceil(span / scaling.capacity_interval_seconds) + 2
         self.history = [*self.history, snap][-keep:]
         old = body.get("status") or {}
+        slo_s = spec.slo.ttft_p99_seconds
+        verdict = feasibility.observed(snap, slo_s) or self.feasibility
+        self.feasibility = replace(verdict, slo_s=slo_s) if verdict else None  # spec may change
         if self.state is None:
             self.state = loops.controller_state(old)
             if self.state.desired is None:

@@ -20,8 +20,10 @@ from typing import Any
 import numpy as np
 
 from kvscale.api.v1alpha1 import LLMEndpointSpec
+from kvscale.controllers.feasibility import Feasibility
 from kvscale.sim import oracle as orc
 from kvscale.sim.arrivals import Shapes, Workload, open_workload
+from kvscale.sim.feasibility import assess
 from kvscale.sim.policies import HPA, Kvscale, Oracle, Policy, Reactive, Static
 from kvscale.sim.profile import EngineProfile
 from kvscale.sim.recorder import quantile_rows
@@ -63,6 +65,7 @@ class Comparison:
     demand_tokens: np.ndarray
     recordings: dict[str, Recording]
     duration_s: float
+    feasibility: Feasibility
 
 
 def workload_of(s: Scenario) -> Workload:
@@ -174,6 +177,10 @@ def compare(s: Scenario, jobs: int = 1, progress: bool = False) -> Comparison:
         spec = derive_spec(
             s, shapes, max(2 * peak, peak + 4), cap.tokens_per_s if s.prior else None
         )
+    slo = spec.slo
+    feasible = assess(
+        s.profile, limits_for(spec, s.profile), shapes, slo.ttft_p99_seconds, slo.attainment_target
+    )
     per_replica = tune_oracle(s, spec, cap, demand)
     tuned = orc.Capacity(cap.requests_per_s * per_replica / cap.tokens_per_s, per_replica)
     sc = spec.scaling
@@ -190,8 +197,9 @@ def compare(s: Scenario, jobs: int = 1, progress: bool = False) -> Comparison:
     else:
         recs = [_run_one(r) for r in runs]
     return Comparison(
-        s, spec, cap, per_replica, needed, demand, {r.policy: r for r in recs}, wl.duration_s
-    )
+        s, spec, cap, per_replica, needed, demand, {r.policy: r for r in recs}, wl.duration_s,
+        feasible,
+    )  # fmt: skip
 
 
 def with_policies(s: Scenario, names: tuple[str, ...]) -> Scenario:

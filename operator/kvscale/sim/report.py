@@ -87,6 +87,7 @@ def summarise(c: Comparison) -> dict[str, Any]:
             "oracle_tokens_per_s": round(c.oracle_tokens_per_s, 1),
         },
         "static_replicas": int(c.needed.max()),
+        "slo_feasibility": {**c.feasibility.to_dict(), "message": c.feasibility.message()},
         "settings": {
             "dt_s": s.settings.dt_s,
             "scrape_interval_s": s.settings.scrape_interval_s,

@@ -192,6 +192,10 @@ def table(report: dict[str, Any]) -> str:
         f"({report['mean_rate_rps']} req/s), profile {report['profile']}, "
         f"{report['replica_capacity']['oracle_tokens_per_s']:.0f} tokens/s per replica at the SLO"
     )
+    feasibility = report.get("slo_feasibility") or {}
+    if feasibility and not feasibility["feasible"]:
+        # no policy can meet this SLO: the table compares them against a target none can reach
+        head = f"WARNING: {feasibility['message']}\n{head}"
     return "\n".join([head, *lines])
 
 

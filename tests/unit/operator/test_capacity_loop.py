@@ -20,7 +20,7 @@ from kvscale.controllers.capacity import CapacityState, Decision
 from kvscale.drain import DELETION_COST
 from kvscale.operator_metrics import OperatorMetrics
 from kvscale.routing_loop import RoutingLoop
-from kvscale.signals.snapshot import ReplicaSignals, Snapshot
+from kvscale.signals.snapshot import Latency, ReplicaSignals, Snapshot
 from kvscale.signals.source import Target
 from kvscale_cluster.specs import spec_body
 
@@ -175,6 +175,34 @@ async def test_a_scale_out_is_applied_at_once(
     tick = await cap.tick(BODY, 1000.0)
     assert tick.rescale and tick.why == "demand rose" and cap.desired(BODY) == 5
     assert tick.status["decisions"][-1]["toReplicas"] == 5 and admin.calls == []
+
+
+async def test_a_quiet_window_slower_than_the_slo_sets_slo_feasible_false(
+    monkeypatch: pytest.MonkeyPatch, kube: FakeKube, admin: Admin
+) -> None:
+    monkeypatch.setattr(capacity_loop, "decide", script([3, 3, 3]))
+    ttft = [9.0]
+
+    class Slow(FakeSource):
+        async def snapshot(self, target: Target, now: float) -> Snapshot:
+            reps = tuple(
+                ReplicaSignals(pod=p.name, running=1, successes_per_s=1.0) for p in target.pods
+            )
+            latency = Latency(ttft_p99=ttft[0])
+            return Snapshot(taken_at=now, window_s=target.window_s, replicas=reps, latency=latency)
+
+    source: Any = Slow()
+    ctx = Context(kube=cast(Any, kube), source=lambda _: source, metrics=OperatorMetrics())
+    client = httpx.AsyncClient(transport=httpx.MockTransport(admin))
+    cap = CapacityLoop(ctx, "ns", "chat", admin=client)
+    await cap.tick(BODY, 1000.0)
+    (cond,) = [c for c in cap.conditions() if c.type == "SLOFeasible"]
+    assert (cond.status, cond.reason) == ("False", "PrefillExceedsSLO")
+    assert "p99 TTFT was 9.00 s while no request waited" in cond.message
+    ttft[0] = 0.2
+    await cap.tick(BODY, 1060.0)
+    (cond,) = [c for c in cap.conditions() if c.type == "SLOFeasible"]
+    assert cond.status == "True"
 
 
 async def test_an_unusable_spec_waits_without_reading_anything(admin: Admin) -> None:
