@@ -2,8 +2,10 @@
 
 `decide(history, spec, state, now)` reads one snapshot per capacity interval (oldest first; the
 last is the current one), the endpoint's spec and the small state the previous call returned, and
-returns the replica count with a reason code and a sentence. The operator and the simulator call
-exactly this code. The law:
+returns the replica count with a reason code and a sentence. `CapacityLaw` is how it is called:
+it takes one snapshot per interval, keeps the history the spec's windows need
+(`history_length`) and the state, and returns the decision; the operator's capacity loop, the
+simulator and the decide benchmark all hold one. The law:
 
 - measures demand in tokens: prompt + generated tokens/s, plus the queued backlog (waiting,
   refused and router-held requests, at the mean tokens of a request) to be cleared in one interval;
@@ -26,6 +28,7 @@ exactly this code. The law:
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -43,6 +46,7 @@ SCALE_DOWN_MARGIN = 0.05  # N-1 replicas must carry the peak with at least this 
 MAX_MARGIN = 0.5  # ... and with the forecast's recent relative error, up to this much
 STARTUP_WEIGHT = 0.3  # EWMA weight of a newly measured start-up time
 MIN_EVIDENCE_TOKENS_PER_S = 1.0  # less than this per replica teaches nothing about capacity
+HISTORY_FLOOR_S = 600.0  # the history covers at least this much, whatever the stabilization
 
 
 @dataclass(frozen=True)
@@ -96,6 +100,35 @@ class _Tick:
     forecast: float
     capacity: float
     horizon: float
+
+
+def history_length(spec: LLMEndpointSpec) -> int:
+    """Snapshots the law keeps: its scale-down window (at least ten minutes) and two more."""
+    scaling = spec.scaling
+    span = max(float(scaling.scale_down_stabilization_seconds), HISTORY_FLOOR_S)
+    return math.ceil(span / scaling.capacity_interval_seconds) + 2
+
+
+@dataclass
+class CapacityLaw:
+    """The law with what it remembers: one snapshot in per capacity interval, a decision out.
+
+    The history is sized from the spec at each call (the spec may change), so every caller's
+    scale-down window is the spec's, not a caller's choice.
+    """
+
+    state: CapacityState = field(default_factory=CapacityState)
+    history: list[Snapshot] = field(default_factory=list)
+
+    def record(self, snap: Snapshot, spec: LLMEndpointSpec) -> None:
+        """Keeps a snapshot without deciding (while the spec pins the replicas)."""
+        self.history = [*self.history, snap][-history_length(spec) :]
+
+    def decide(self, snap: Snapshot, spec: LLMEndpointSpec, now: float) -> Decision:
+        self.record(snap, spec)
+        decision = decide(self.history, spec, self.state, now)
+        self.state = decision.state
+        return decision
 
 
 def decide(

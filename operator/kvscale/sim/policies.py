@@ -1,9 +1,10 @@
 """Who decides the replica count: kvscale's own control law, and the baselines users would pick.
 
-Every policy sees the same thing the operator sees, a history of `Snapshot`s (one per tick of its
-own interval, built by the simulator's scraper), and answers a replica count and, optionally, the
-pod to drain. kvscale's policy is `kvscale.controllers.capacity.decide` called exactly as the
-operator calls it: spec, state from the previous decision, the time. The baselines:
+Every policy sees the same thing the operator sees, one `Snapshot` per tick of its own interval
+(built by the simulator's scraper), and answers a replica count and, optionally, the pod to
+drain; a policy that needs a history keeps its own. kvscale's policy holds the operator's
+`CapacityLaw` (the law with the history its spec sizes and its state) and calls it exactly as the
+operator's capacity loop does. The baselines:
 
 - static: the replicas the trace's peak minute needs, all the time;
 - reactive (SageServe-style thresholds): +1 replica when the mean KV-cache usage of Ready replicas
@@ -21,15 +22,13 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
 
 from kvscale.api.v1alpha1 import LLMEndpointSpec
-from kvscale.controllers import capacity
-from kvscale.controllers.capacity import CapacityState
+from kvscale.controllers.capacity import CapacityLaw, CapacityState
 from kvscale.signals.snapshot import Snapshot
 
 HPA_INTERVAL_S = 15.0
@@ -52,7 +51,7 @@ class Policy(Protocol):
     @property
     def instant(self) -> bool: ...  # new replicas are Ready at once (the oracle only)
 
-    def decide(self, history: Sequence[Snapshot], now: float) -> Choice: ...
+    def decide(self, snap: Snapshot, now: float) -> Choice: ...
 
 
 @dataclass
@@ -62,24 +61,16 @@ class Kvscale:
     spec: LLMEndpointSpec
     name: str = "kvscale"
     instant: bool = False
-    state: CapacityState | None = None
+    law: CapacityLaw | None = None
 
     @property
     def interval_s(self) -> float:
         return float(self.spec.scaling.capacity_interval_seconds)
 
-    def decide(self, history: Sequence[Snapshot], now: float) -> Choice:
-        # as the operator's capacity tick does (kvscale/capacity_tick.py): it keeps the
-        # snapshots of max(scale-down stabilization, 600 s) plus two, and starts its state from
-        # the replicas the Deployment has
-        scaling = self.spec.scaling
-        span = max(scaling.scale_down_stabilization_seconds, 600)
-        keep = math.ceil(span / scaling.capacity_interval_seconds) + 2
-        state = self.state
-        if state is None:
-            state = CapacityState(desired=history[-1].fleet.current)
-        d = capacity.decide(list(history)[-keep:], self.spec, state, now)
-        self.state = d.state
+    def decide(self, snap: Snapshot, now: float) -> Choice:
+        if self.law is None:  # as the operator's loop starts: from the replicas there are
+            self.law = CapacityLaw(CapacityState(desired=snap.fleet.current))
+        d = self.law.decide(snap, self.spec, now)
         return Choice(d.desired, d.victim, d.reason)
 
 
@@ -90,7 +81,7 @@ class Static:
     interval_s: float = 60.0
     instant: bool = False
 
-    def decide(self, history: Sequence[Snapshot], now: float) -> Choice:
+    def decide(self, snap: Snapshot, now: float) -> Choice:
         return Choice(self.replicas, reason="Static")
 
 
@@ -104,8 +95,7 @@ class Reactive:
     interval_s: float = 60.0
     instant: bool = False
 
-    def decide(self, history: Sequence[Snapshot], now: float) -> Choice:
-        snap = history[-1]
+    def decide(self, snap: Snapshot, now: float) -> Choice:
         current = snap.fleet.current
         if not snap.replicas:
             want = current + (1 if snap.pending_requests > 0 else 0)
@@ -132,8 +122,7 @@ class HPA:
     instant: bool = False
     _recent: deque[tuple[float, int]] = field(default_factory=deque)
 
-    def decide(self, history: Sequence[Snapshot], now: float) -> Choice:
-        snap = history[-1]
+    def decide(self, snap: Snapshot, now: float) -> Choice:
         current = max(snap.fleet.current, 0)
         ready = len(snap.replicas)
         if self.metric_name == "utilization":
@@ -165,7 +154,7 @@ class Oracle:
     interval_s: float = 60.0
     instant: bool = True
 
-    def decide(self, history: Sequence[Snapshot], now: float) -> Choice:
+    def decide(self, snap: Snapshot, now: float) -> Choice:
         m = min(round(now / 60.0), len(self.needed) - 1)
         return Choice(int(self.needed[m]), reason="Oracle")
 

@@ -11,11 +11,10 @@ from typing import Any, cast
 import httpx
 import pytest
 
-from kvscale import capacity_loop
 from kvscale.api.v1alpha1 import LLMEndpointSpec
 from kvscale.capacity_loop import CapacityLoop
 from kvscale.context import Context
-from kvscale.controllers import routing
+from kvscale.controllers import capacity, routing
 from kvscale.controllers.capacity import CapacityState, Decision
 from kvscale.drain import DELETION_COST
 from kvscale.operator_metrics import OperatorMetrics
@@ -117,7 +116,7 @@ BODY: JSON = {"spec": SPEC, "status": {"capacity": {"desired": 3}}}
 async def test_a_scale_in_walks_weight_zero_drain_wait_mark_scale_down(
     monkeypatch: pytest.MonkeyPatch, kube: FakeKube, admin: Admin
 ) -> None:
-    monkeypatch.setattr(capacity_loop, "decide", script([2]))
+    monkeypatch.setattr(capacity, "decide", script([2]))
     cap = loop(kube, admin)
     assert cap.desired(BODY) == 3  # before it decides, the count in status stands
     first = await cap.tick(BODY, 1000.0)
@@ -142,7 +141,7 @@ async def test_a_scale_in_walks_weight_zero_drain_wait_mark_scale_down(
 async def test_demand_coming_back_undrains_the_victim(
     monkeypatch: pytest.MonkeyPatch, kube: FakeKube, admin: Admin
 ) -> None:
-    monkeypatch.setattr(capacity_loop, "decide", script([2, 3]))
+    monkeypatch.setattr(capacity, "decide", script([2, 3]))
     cap = loop(kube, admin)
     body = {**BODY, "spec": {**SPEC, "scaling": {"capacityIntervalSeconds": 20}}}
     await cap.tick(body, 1000.0)
@@ -157,7 +156,7 @@ async def test_demand_coming_back_undrains_the_victim(
 async def test_the_drain_deadline_scales_in_with_requests_in_flight(
     monkeypatch: pytest.MonkeyPatch, kube: FakeKube, admin: Admin
 ) -> None:
-    monkeypatch.setattr(capacity_loop, "decide", script([2]))
+    monkeypatch.setattr(capacity, "decide", script([2]))
     cap = loop(kube, admin)
     admin.in_flight = 3
     await cap.tick(BODY, 1000.0)
@@ -170,7 +169,7 @@ async def test_the_drain_deadline_scales_in_with_requests_in_flight(
 async def test_a_scale_out_is_applied_at_once(
     monkeypatch: pytest.MonkeyPatch, kube: FakeKube, admin: Admin
 ) -> None:
-    monkeypatch.setattr(capacity_loop, "decide", script([5]))
+    monkeypatch.setattr(capacity, "decide", script([5]))
     cap = loop(kube, admin)
     tick = await cap.tick(BODY, 1000.0)
     assert tick.rescale and tick.why == "demand rose" and cap.desired(BODY) == 5
@@ -180,7 +179,7 @@ async def test_a_scale_out_is_applied_at_once(
 async def test_a_quiet_window_slower_than_the_slo_sets_slo_feasible_false(
     monkeypatch: pytest.MonkeyPatch, kube: FakeKube, admin: Admin
 ) -> None:
-    monkeypatch.setattr(capacity_loop, "decide", script([3, 3, 3]))
+    monkeypatch.setattr(capacity, "decide", script([3, 3, 3]))
     ttft = [9.0]
 
     class Slow(FakeSource):
