@@ -6,16 +6,18 @@ drain; a policy that needs a history keeps its own. kvscale's policy holds the o
 `CapacityLaw` (the law with the history its spec sizes and its state) and calls it exactly as the
 operator's capacity loop does. The baselines:
 
-- static: the replicas the trace's peak minute needs, all the time;
+- static: N replicas all the time (by default the replicas the oracle's peak minute needs);
 - reactive (SageServe-style thresholds): +1 replica when the mean KV-cache usage of Ready replicas
-  exceeds 0.5, -1 below 0.25, once per interval;
-- hpa: the Horizontal Pod Autoscaler on utilization, here running/maxNumSeqs per Ready replica
-  (GPU busy time would read 100% whenever a batch runs), target 0.7, HPA's 10% tolerance, its
-  default scale-up limit (double or +4 per 15 s) and 300 s scale-down stabilization;
-- keda: HPA driven by KEDA's Prometheus scaler on `vllm:num_requests_waiting`, AverageValue
-  `threshold` per replica, the same HPA behaviour;
+  exceeds `up` (default 0.5), -1 below `down` (default 0.25), once per interval;
+- hpa: the Horizontal Pod Autoscaler's algorithm on one per-pod metric with an AverageValue
+  target: running requests (by default 0.7 x maxNumSeqs: GPU busy time would read 100% whenever
+  a batch runs), KV-cache usage, or, as KEDA's Prometheus scaler feeds it, waiting requests
+  (default 5) or prompt + generated tokens/s; HPA's 10% tolerance, its default scale-up limit
+  (double or +4 per 15 s) and 300 s scale-down stabilization;
 - oracle: each minute exactly the replicas that minute needs (from the calibrated per-replica
   capacity), ready at once.
+
+`kvscale.sim.tuning` sweeps each baseline's knob and picks the setting a user would keep.
 """
 
 from __future__ import annotations
@@ -110,14 +112,13 @@ class Reactive:
 
 @dataclass
 class HPA:
-    """HPA's algorithm on one metric; `metric` returns (per-replica value, Ready replicas)."""
+    """HPA's algorithm on one per-pod metric, averaged over the Ready replicas."""
 
     name: str
     min_replicas: int
     max_replicas: int
-    target: float
-    max_num_seqs: int
-    metric_name: str  # "utilization" or "waiting"
+    target: float  # AverageValue per replica
+    metric_name: str  # "running", "kv", "waiting" or "tokens"
     interval_s: float = HPA_INTERVAL_S
     instant: bool = False
     _recent: deque[tuple[float, int]] = field(default_factory=deque)
@@ -125,10 +126,7 @@ class HPA:
     def decide(self, snap: Snapshot, now: float) -> Choice:
         current = max(snap.fleet.current, 0)
         ready = len(snap.replicas)
-        if self.metric_name == "utilization":
-            total = snap.running / self.max_num_seqs
-        else:
-            total = snap.waiting + snap.pending_requests
+        total = _metric_total(snap, self.metric_name)
         if ready == 0:
             want = max(current, 1) if total > 0 or snap.pending_requests > 0 else current
         else:
@@ -157,6 +155,17 @@ class Oracle:
     def decide(self, snap: Snapshot, now: float) -> Choice:
         m = min(round(now / 60.0), len(self.needed) - 1)
         return Choice(int(self.needed[m]), reason="Oracle")
+
+
+def _metric_total(snap: Snapshot, metric: str) -> float:
+    """The metric summed over the Ready replicas (what HPA divides by their count)."""
+    if metric == "running":
+        return snap.running
+    if metric == "kv":
+        return sum(r.kv_usage for r in snap.replicas)
+    if metric == "tokens":
+        return snap.tokens_per_s
+    return snap.waiting + snap.pending_requests
 
 
 def _clamp(x: int, lo: int, hi: int) -> int:
