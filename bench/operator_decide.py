@@ -1,10 +1,10 @@
 """`decide_100_endpoints_ms`: the capacity law deciding one tick for 100 endpoints.
 
-Each endpoint has its own spec and state and a history of 12 snapshots (the operator keeps
-max(stabilization, 600 s) / interval + 2 of them: 12 at the 60 s default), each with 4 replicas
-whose signals vary by endpoint (a seeded random walk: some rising, some flat, some idle, some in
-trouble), so every branch of the law runs. The state carried from the previous tick is the one
-the law returned on a warm-up pass over the same history. Timed with `time.perf_counter` and
+Each endpoint has its own `CapacityLaw` (the one the operator's capacity loop and the simulator
+hold) fed 11 snapshots, as the previous ticks left it, and is timed taking the 12th (the law keeps
+max(stabilization, 600 s) / interval + 2 snapshots: 12 at the 60 s default). Each snapshot has 4
+replicas whose signals vary by endpoint (a seeded random walk: some rising, some flat, some idle,
+some in trouble), so every branch of the law runs. Timed with `time.perf_counter` and
 `time.process_time`; the median of 21 repetitions is reported with the worst.
 """
 
@@ -15,7 +15,7 @@ import statistics
 import time
 from typing import Any
 
-from kvscale.controllers.capacity import CapacityState, decide
+from kvscale.controllers.capacity import CapacityLaw
 from kvscale.signals.snapshot import Fleet, Latency, ReplicaSignals, Snapshot
 from kvscale_cluster.specs import llm_spec
 
@@ -66,15 +66,17 @@ def measure(repetitions: int = 21) -> dict[str, Any]:
     endpoints = []
     for _ in range(ENDPOINTS):
         history = _history(rng)
-        state = CapacityState()
-        for i in range(HISTORY - 1):  # warm-up: the state the previous ticks left
-            state = decide(history[: i + 1], spec, state, history[i].taken_at).state
-        endpoints.append((history, state))
+        law = CapacityLaw()
+        for snap in history[:-1]:  # warm-up: the law as the previous ticks left it
+            law.decide(snap, spec, snap.taken_at)
+        endpoints.append((law, history[-1]))
     walls, cpus = [], []
     for _ in range(repetitions):
+        # each repetition times the same tick: a copy of each law as the warm-up left it
+        laws = [(CapacityLaw(law.state, list(law.history)), snap) for law, snap in endpoints]
         wall, cpu = time.perf_counter(), time.process_time()
-        for history, state in endpoints:
-            decide(history, spec, state, history[-1].taken_at)
+        for law, snap in laws:
+            law.decide(snap, spec, snap.taken_at)
         walls.append((time.perf_counter() - wall) * 1000)
         cpus.append((time.process_time() - cpu) * 1000)
     return {

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -26,7 +25,8 @@ from kvscale.children import engine
 from kvscale.children.engine_args import DRAIN_SECONDS, ENGINE_PORT
 from kvscale.children.router import ROUTER_PORT
 from kvscale.context import Context
-from kvscale.controllers.capacity import CapacityState, Decision, decide
+from kvscale.controllers import feasibility
+from kvscale.controllers.capacity import CapacityLaw, Decision
 from kvscale.kube import KubeError
 from kvscale.reconcile import Event
 from kvscale.signals.snapshot import Snapshot
@@ -68,11 +68,11 @@ class CapacityLoop:
         self.ctx = ctx
         self.namespace = namespace
         self.name = name
-        self.history: list[Snapshot] = []
         self.latest: Snapshot | None = None
         self.replicas: int | None = None  # decided by this loop (None: not yet)
         self.drain: drain.Drain | None = None
-        self.state: CapacityState | None = None
+        self.law: CapacityLaw | None = None  # None: its state not yet read from status
+        self.feasibility: feasibility.Feasibility | None = None  # from the last quiet window
         self._next_capacity = 0.0
         self._next_fast = 0.0
         self._source: SignalSource | None = None
@@ -92,7 +92,10 @@ class CapacityLoop:
         return int(held) if held is not None else None
 
     def conditions(self) -> list[Cond]:
-        return [loops.metrics_condition(self.latest)] if self.latest is not None else []
+        out = [loops.metrics_condition(self.latest)] if self.latest is not None else []
+        if self.feasibility is not None:
+            out.append(loops.feasibility_condition(self.feasibility))
+        return out
 
     async def close(self) -> None:
         if self._source is not None:
@@ -162,14 +165,15 @@ class CapacityLoop:
         self, body: JSON, spec: api.LLMEndpointSpec, snap: Snapshot, now: float, tick: Tick
     ) -> Tick:
         scaling = spec.scaling
-        span = max(scaling.scale_down_stabilization_seconds, 600)
-        keep = math.ceil(span / scaling.capacity_interval_seconds) + 2
-        self.history = [*self.history, snap][-keep:]
         old = body.get("status") or {}
-        if self.state is None:
-            self.state = loops.controller_state(old)
-            if self.state.desired is None:
-                self.state = replace(self.state, desired=snap.fleet.current)
+        slo_s = spec.slo.ttft_p99_seconds
+        verdict = feasibility.observed(snap, slo_s) or self.feasibility
+        self.feasibility = replace(verdict, slo_s=slo_s) if verdict else None  # spec may change
+        if self.law is None:
+            state = loops.controller_state(old)
+            if state.desired is None:
+                state = replace(state, desired=snap.fleet.current)
+            self.law = CapacityLaw(state)
         was = self.drain.target if self.drain else snap.fleet.current
         if spec.pinned:
             assert spec.replicas is not None
@@ -177,12 +181,12 @@ class CapacityLoop:
                 spec.replicas,
                 "Pinned",
                 f"spec.replicas pins {spec.replicas} replicas; autoscaling is suspended",
-                self.state,
+                self.law.state,
             )
+            self.law.record(snap, spec)
             self.replicas = spec.replicas  # unpinned, the loop resumes from the pinned count
         else:
-            decision = decide(self.history, spec, self.state, now)
-        self.state = decision.state
+            decision = self.law.decide(snap, spec, now)
         log.info(
             f"Decided {decision.desired} replicas for {self.namespace}/{self.name} "
             f"(current {snap.fleet.current}, ready {snap.fleet.ready}, victim {decision.victim}, "

@@ -20,6 +20,7 @@ CONDITION_TYPES = (
     "Degraded",
     "MetricsAvailable",
     "CapacityLimited",
+    "SLOFeasible",
 )
 
 

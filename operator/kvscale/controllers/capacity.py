@@ -2,17 +2,19 @@
 
 `decide(history, spec, state, now)` reads one snapshot per capacity interval (oldest first; the
 last is the current one), the endpoint's spec and the small state the previous call returned, and
-returns the replica count with a reason code and a sentence. The operator and the simulator call
-exactly this code. The law:
+returns the replica count with a reason code and a sentence. `CapacityLaw` is how it is called:
+it takes one snapshot per interval, keeps the history the spec's windows need
+(`history_length`) and the state, and returns the decision; the operator's capacity loop, the
+simulator and the decide benchmark all hold one. The law:
 
 - measures demand in tokens: prompt + generated tokens/s, plus the queued backlog (waiting,
   refused and router-held requests, at the mean tokens of a request) to be cleared in one interval;
 - forecasts that demand over the horizon a new replica needs to help (its measured start-up time
   plus one interval) and sizes for the larger of forecast and now: ceil(demand·(1+headroom)/c),
   where c is the per-replica capacity learned online (`replica_capacity`);
-- goes up at once when the endpoint is in trouble (queue growing, p99 TTFT above the SLO while
-  requests wait, KV cache above 0.9, preemptions rising): a panic step of up to double the ready
-  replicas per interval, counting replicas already starting;
+- goes up at once when the endpoint is in trouble (queue growing, p99 TTFT above
+  `TTFT_EVIDENCE` of the SLO while requests wait, KV cache above 0.9, preemptions rising): a
+  panic step of up to double the ready replicas per interval, counting replicas already starting;
 - goes down slowly: only after fewer replicas would have done for `scaleDownStabilizationSeconds`,
   then one replica per interval, and only while N-1 replicas would carry the window's peak demand
   and the forecast with the headroom and a further margin (the consolidation check that prevents
@@ -26,6 +28,7 @@ exactly this code. The law:
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -43,6 +46,13 @@ SCALE_DOWN_MARGIN = 0.05  # N-1 replicas must carry the peak with at least this 
 MAX_MARGIN = 0.5  # ... and with the forecast's recent relative error, up to this much
 STARTUP_WEIGHT = 0.3  # EWMA weight of a newly measured start-up time
 MIN_EVIDENCE_TOKENS_PER_S = 1.0  # less than this per replica teaches nothing about capacity
+# a read p99 TTFT above this share of the SLO while requests wait counts as the SLO broken: the
+# operator reads p99 from vLLM's TTFT buckets (... 2.5, 5, 7.5, 10, 20 s), and interpolation inside
+# a bucket plus a window that straddles minutes put it up to a bucket below the truth where
+# prompts take seconds to prefill (Mooncake at a 10 s SLO: 7.9-9.3 s read in minutes whose p99
+# was above 10 s, with requests waiting)
+TTFT_EVIDENCE = 0.75
+HISTORY_FLOOR_S = 600.0  # the history covers at least this much, whatever the stabilization
 
 
 @dataclass(frozen=True)
@@ -96,6 +106,35 @@ class _Tick:
     forecast: float
     capacity: float
     horizon: float
+
+
+def history_length(spec: LLMEndpointSpec) -> int:
+    """Snapshots the law keeps: its scale-down window (at least ten minutes) and two more."""
+    scaling = spec.scaling
+    span = max(float(scaling.scale_down_stabilization_seconds), HISTORY_FLOOR_S)
+    return math.ceil(span / scaling.capacity_interval_seconds) + 2
+
+
+@dataclass
+class CapacityLaw:
+    """The law with what it remembers: one snapshot in per capacity interval, a decision out.
+
+    The history is sized from the spec at each call (the spec may change), so every caller's
+    scale-down window is the spec's, not a caller's choice.
+    """
+
+    state: CapacityState = field(default_factory=CapacityState)
+    history: list[Snapshot] = field(default_factory=list)
+
+    def record(self, snap: Snapshot, spec: LLMEndpointSpec) -> None:
+        """Keeps a snapshot without deciding (while the spec pins the replicas)."""
+        self.history = [*self.history, snap][-history_length(spec) :]
+
+    def decide(self, snap: Snapshot, spec: LLMEndpointSpec, now: float) -> Decision:
+        self.record(snap, spec)
+        decision = decide(self.history, spec, self.state, now)
+        self.state = decision.state
+        return decision
 
 
 def decide(
@@ -166,7 +205,7 @@ def _learn_capacity(
     ttft, itl = snap.latency.ttft_p99, snap.latency.itl_p99
     within = None
     if ttft is not None or itl is not None:
-        within = (ttft is None or ttft <= slo.ttft_p99_seconds) and (
+        within = (ttft is None or ttft <= TTFT_EVIDENCE * slo.ttft_p99_seconds) and (
             itl is None or itl <= slo.itl_p99_seconds
         )
     saturated = snap.waiting > 0 or snap.preemptions_per_s > 0 or snap.kv_usage_max > KV_FULL
@@ -224,7 +263,7 @@ def _panic(history: Sequence[Snapshot], spec: LLMEndpointSpec, tick: _Tick) -> s
     ttft = snap.latency.ttft_p99
     if (
         ttft is not None
-        and ttft > spec.slo.ttft_p99_seconds
+        and ttft > TTFT_EVIDENCE * spec.slo.ttft_p99_seconds
         and (queued > 0 or snap.refusals_per_s)
     ):
         return "TTFTAboveSLO"
@@ -266,7 +305,7 @@ def _choose(
 
 _PANIC_TEXT = {
     "QueueGrowing": "Requests are queueing faster than they are served",
-    "TTFTAboveSLO": "p99 time to first token is above the SLO while requests wait",
+    "TTFTAboveSLO": "p99 time to first token is at or above the SLO while requests wait",
     "KVCacheFull": "A replica's KV cache is more than 90% full",
     "PreemptionsRising": "Preemptions are rising",
 }

@@ -20,19 +20,19 @@ from typing import Any
 import numpy as np
 
 from kvscale.api.v1alpha1 import LLMEndpointSpec
+from kvscale.controllers.feasibility import Feasibility
 from kvscale.sim import oracle as orc
+from kvscale.sim import tuning
 from kvscale.sim.arrivals import Shapes, Workload, open_workload
-from kvscale.sim.policies import HPA, Kvscale, Oracle, Policy, Reactive, Static
+from kvscale.sim.feasibility import assess
+from kvscale.sim.policies import Kvscale, Oracle, Policy, Static
 from kvscale.sim.profile import EngineProfile
-from kvscale.sim.recorder import quantile_rows
 from kvscale.sim.run import Recording, Settings, limits_for, simulate, targets_for
 from kvscale.sim.sizing import recommend_limits
 
-POLICIES = ("kvscale", "static", "reactive", "hpa", "keda", "oracle")
+POLICIES = ("kvscale", *tuning.KNOBS, "oracle")
 ORACLE_TUNE_HOURS = 1.0
 ORACLE_TUNE_STEPS = 5
-KEDA_WAITING_THRESHOLD = 5.0
-HPA_TARGET = 0.7
 
 
 @dataclass(frozen=True)
@@ -51,6 +51,7 @@ class Scenario:
     spec: LLMEndpointSpec | None = None
     settings: Settings = field(default_factory=Settings)
     policies: tuple[str, ...] = POLICIES
+    tune: bool = False  # sweep each baseline's knob (kvscale.sim.tuning), not only its default
 
 
 @dataclass
@@ -63,6 +64,9 @@ class Comparison:
     demand_tokens: np.ndarray
     recordings: dict[str, Recording]
     duration_s: float
+    feasibility: Feasibility
+    tune_minutes: int = 0
+    sweeps: dict[str, list[tuning.Outcome]] = field(default_factory=dict)  # baseline -> settings
 
 
 def workload_of(s: Scenario) -> Workload:
@@ -104,10 +108,7 @@ def derive_spec(
 
 
 def slo_fraction(rec: Recording, spec: LLMEndpointSpec) -> float:
-    ttft = np.nan_to_num(quantile_rows(rec.recorder.ttft, 0.99), nan=0.0)
-    itl = np.nan_to_num(quantile_rows(rec.recorder.itl, 0.99), nan=0.0)
-    ok = (ttft <= spec.slo.ttft_p99_seconds) & (itl <= spec.slo.itl_p99_seconds)
-    return float(ok.mean())
+    return float(tuning.ok_minutes(rec, spec).mean())
 
 
 def tune_oracle(s: Scenario, spec: LLMEndpointSpec, cap: orc.Capacity, demand: np.ndarray) -> float:
@@ -137,30 +138,40 @@ def tune_oracle(s: Scenario, spec: LLMEndpointSpec, cap: orc.Capacity, demand: n
     return lo
 
 
-def make_policy(name: str, spec: LLMEndpointSpec, needed: np.ndarray, static: int) -> Policy:
-    sc = spec.scaling
+def make_policy(
+    name: str, spec: LLMEndpointSpec, needed: np.ndarray, static: int, capacity: float
+) -> Policy:
+    """A policy by name; a baseline's name alone means its default setting."""
     if name == "kvscale":
         return Kvscale(spec)
-    if name == "static":
-        return Static(static)
-    if name == "reactive":
-        return Reactive(sc.min_replicas, sc.max_replicas)
-    if name == "hpa":
-        return HPA("hpa", sc.min_replicas, sc.max_replicas, HPA_TARGET, spec.engine.max_num_seqs,
-                   "utilization")  # fmt: skip
-    if name == "keda":
-        return HPA("keda", sc.min_replicas, sc.max_replicas, KEDA_WAITING_THRESHOLD,
-                   spec.engine.max_num_seqs, "waiting")  # fmt: skip
     if name == "oracle":
         return Oracle(needed)
+    if name in tuning.KNOBS:
+        return tuning.policy(tuning.default_setting(name, spec, static, capacity), spec)
     raise ValueError(f"unknown policy {name!r}; choose from {', '.join(POLICIES)}")
 
 
-def _run_one(
-    args: tuple[Workload, LLMEndpointSpec, EngineProfile, Policy, int, Settings, bool],
-) -> Recording:
-    wl, spec, profile, policy, initial, settings, progress = args
-    return simulate(wl, spec, profile, policy, initial, settings, progress)
+@dataclass(frozen=True)
+class _Job:
+    workload: Workload
+    spec: LLMEndpointSpec
+    profile: EngineProfile
+    policy: Policy
+    initial: int
+    settings: Settings
+    progress: bool
+    setting: tuning.Setting | None = None  # a sweep's non-default setting: only its outcome
+    window: int = 0
+
+
+def _run_one(job: _Job) -> Recording | tuning.Outcome:
+    rec = simulate(
+        job.workload, job.spec, job.profile, job.policy, job.initial, job.settings, job.progress
+    )
+    if job.setting is None:
+        return rec
+    # a sweep's run comes back as three numbers a part: its per-minute histograms stay here
+    return tuning.outcome(job.setting, rec, job.spec, job.window)
 
 
 def compare(s: Scenario, jobs: int = 1, progress: bool = False) -> Comparison:
@@ -174,24 +185,50 @@ def compare(s: Scenario, jobs: int = 1, progress: bool = False) -> Comparison:
         spec = derive_spec(
             s, shapes, max(2 * peak, peak + 4), cap.tokens_per_s if s.prior else None
         )
+    slo = spec.slo
+    feasible = assess(
+        s.profile, limits_for(spec, s.profile), shapes, slo.ttft_p99_seconds, slo.attainment_target
+    )
     per_replica = tune_oracle(s, spec, cap, demand)
     tuned = orc.Capacity(cap.requests_per_s * per_replica / cap.tokens_per_s, per_replica)
     sc = spec.scaling
     needed = orc.needed_per_minute(demand, tuned, sc.min_replicas, sc.max_replicas)
     static = int(needed.max())
+    window = tuning.tuning_minutes(s.trace, math.ceil(wl.duration_s / 60))
+    shown = progress and jobs == 1
     runs = []
     for name in s.policies:
-        policy = make_policy(name, spec, needed, static)
-        initial = static if name == "static" else int(needed[0])
-        runs.append((wl, spec, s.profile, policy, initial, s.settings, progress and jobs == 1))
+        policy = make_policy(name, spec, needed, static, cap.tokens_per_s)
+        runs.append(_Job(wl, spec, s.profile, policy, _initial(policy, needed), s.settings, shown))
+    swept = [n for n in s.policies if n in tuning.KNOBS] if s.tune else []
+    for name in swept:
+        for setting in tuning.sweep(name, spec, static, cap.tokens_per_s):
+            if not setting.default:  # the default runs above, under the baseline's name
+                policy = tuning.policy(setting, spec)
+                initial = _initial(policy, needed)
+                runs.append(
+                    _Job(wl, spec, s.profile, policy, initial, s.settings, shown, setting, window)
+                )
     if jobs > 1:
         with ProcessPoolExecutor(max_workers=jobs) as pool:
-            recs = list(pool.map(_run_one, runs))
+            results = list(pool.map(_run_one, runs))
     else:
-        recs = [_run_one(r) for r in runs]
+        results = [_run_one(r) for r in runs]
+    recs = {r.policy: r for r in results if isinstance(r, Recording)}
+    sweeps: dict[str, list[tuning.Outcome]] = {}
+    for name in swept:
+        default = tuning.default_setting(name, spec, static, cap.tokens_per_s)
+        found = [r for r in results if isinstance(r, tuning.Outcome) and r.setting.baseline == name]
+        found.append(tuning.outcome(default, recs[name], spec, window))
+        sweeps[name] = sorted(found, key=lambda o: o.setting.value)
     return Comparison(
-        s, spec, cap, per_replica, needed, demand, {r.policy: r for r in recs}, wl.duration_s
+        s, spec, cap, per_replica, needed, demand, recs, wl.duration_s, feasible, window, sweeps
     )
+
+
+def _initial(policy: Policy, needed: np.ndarray) -> int:
+    """Every policy starts from the replicas the first minute needs; static from its own."""
+    return policy.replicas if isinstance(policy, Static) else int(needed[0])
 
 
 def with_policies(s: Scenario, names: tuple[str, ...]) -> Scenario:

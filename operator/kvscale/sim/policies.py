@@ -1,35 +1,36 @@
 """Who decides the replica count: kvscale's own control law, and the baselines users would pick.
 
-Every policy sees the same thing the operator sees, a history of `Snapshot`s (one per tick of its
-own interval, built by the simulator's scraper), and answers a replica count and, optionally, the
-pod to drain. kvscale's policy is `kvscale.controllers.capacity.decide` called exactly as the
-operator calls it: spec, state from the previous decision, the time. The baselines:
+Every policy sees the same thing the operator sees, one `Snapshot` per tick of its own interval
+(built by the simulator's scraper), and answers a replica count and, optionally, the pod to
+drain; a policy that needs a history keeps its own. kvscale's policy holds the operator's
+`CapacityLaw` (the law with the history its spec sizes and its state) and calls it exactly as the
+operator's capacity loop does. The baselines:
 
-- static: the replicas the trace's peak minute needs, all the time;
+- static: N replicas all the time (by default the replicas the oracle's peak minute needs);
 - reactive (SageServe-style thresholds): +1 replica when the mean KV-cache usage of Ready replicas
-  exceeds 0.5, -1 below 0.25, once per interval;
-- hpa: the Horizontal Pod Autoscaler on utilization, here running/maxNumSeqs per Ready replica
-  (GPU busy time would read 100% whenever a batch runs), target 0.7, HPA's 10% tolerance, its
-  default scale-up limit (double or +4 per 15 s) and 300 s scale-down stabilization;
-- keda: HPA driven by KEDA's Prometheus scaler on `vllm:num_requests_waiting`, AverageValue
-  `threshold` per replica, the same HPA behaviour;
+  exceeds `up` (default 0.5), -1 below `down` (default 0.25), once per interval;
+- hpa: the Horizontal Pod Autoscaler's algorithm on one per-pod metric with an AverageValue
+  target: running requests (by default 0.7 x maxNumSeqs: GPU busy time would read 100% whenever
+  a batch runs), KV-cache usage, or, as KEDA's Prometheus scaler feeds it, waiting requests
+  (default 5) or prompt + generated tokens/s; HPA's 10% tolerance, its default scale-up limit
+  (double or +4 per 15 s) and 300 s scale-down stabilization;
 - oracle: each minute exactly the replicas that minute needs (from the calibrated per-replica
   capacity), ready at once.
+
+`kvscale.sim.tuning` sweeps each baseline's knob and picks the setting a user would keep.
 """
 
 from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
 
 from kvscale.api.v1alpha1 import LLMEndpointSpec
-from kvscale.controllers import capacity
-from kvscale.controllers.capacity import CapacityState
+from kvscale.controllers.capacity import CapacityLaw, CapacityState
 from kvscale.signals.snapshot import Snapshot
 
 HPA_INTERVAL_S = 15.0
@@ -52,7 +53,7 @@ class Policy(Protocol):
     @property
     def instant(self) -> bool: ...  # new replicas are Ready at once (the oracle only)
 
-    def decide(self, history: Sequence[Snapshot], now: float) -> Choice: ...
+    def decide(self, snap: Snapshot, now: float) -> Choice: ...
 
 
 @dataclass
@@ -62,24 +63,16 @@ class Kvscale:
     spec: LLMEndpointSpec
     name: str = "kvscale"
     instant: bool = False
-    state: CapacityState | None = None
+    law: CapacityLaw | None = None
 
     @property
     def interval_s(self) -> float:
         return float(self.spec.scaling.capacity_interval_seconds)
 
-    def decide(self, history: Sequence[Snapshot], now: float) -> Choice:
-        # as the operator's capacity tick does (kvscale/capacity_tick.py): it keeps the
-        # snapshots of max(scale-down stabilization, 600 s) plus two, and starts its state from
-        # the replicas the Deployment has
-        scaling = self.spec.scaling
-        span = max(scaling.scale_down_stabilization_seconds, 600)
-        keep = math.ceil(span / scaling.capacity_interval_seconds) + 2
-        state = self.state
-        if state is None:
-            state = CapacityState(desired=history[-1].fleet.current)
-        d = capacity.decide(list(history)[-keep:], self.spec, state, now)
-        self.state = d.state
+    def decide(self, snap: Snapshot, now: float) -> Choice:
+        if self.law is None:  # as the operator's loop starts: from the replicas there are
+            self.law = CapacityLaw(CapacityState(desired=snap.fleet.current))
+        d = self.law.decide(snap, self.spec, now)
         return Choice(d.desired, d.victim, d.reason)
 
 
@@ -90,7 +83,7 @@ class Static:
     interval_s: float = 60.0
     instant: bool = False
 
-    def decide(self, history: Sequence[Snapshot], now: float) -> Choice:
+    def decide(self, snap: Snapshot, now: float) -> Choice:
         return Choice(self.replicas, reason="Static")
 
 
@@ -104,8 +97,7 @@ class Reactive:
     interval_s: float = 60.0
     instant: bool = False
 
-    def decide(self, history: Sequence[Snapshot], now: float) -> Choice:
-        snap = history[-1]
+    def decide(self, snap: Snapshot, now: float) -> Choice:
         current = snap.fleet.current
         if not snap.replicas:
             want = current + (1 if snap.pending_requests > 0 else 0)
@@ -120,26 +112,21 @@ class Reactive:
 
 @dataclass
 class HPA:
-    """HPA's algorithm on one metric; `metric` returns (per-replica value, Ready replicas)."""
+    """HPA's algorithm on one per-pod metric, averaged over the Ready replicas."""
 
     name: str
     min_replicas: int
     max_replicas: int
-    target: float
-    max_num_seqs: int
-    metric_name: str  # "utilization" or "waiting"
+    target: float  # AverageValue per replica
+    metric_name: str  # "running", "kv", "waiting" or "tokens"
     interval_s: float = HPA_INTERVAL_S
     instant: bool = False
     _recent: deque[tuple[float, int]] = field(default_factory=deque)
 
-    def decide(self, history: Sequence[Snapshot], now: float) -> Choice:
-        snap = history[-1]
+    def decide(self, snap: Snapshot, now: float) -> Choice:
         current = max(snap.fleet.current, 0)
         ready = len(snap.replicas)
-        if self.metric_name == "utilization":
-            total = snap.running / self.max_num_seqs
-        else:
-            total = snap.waiting + snap.pending_requests
+        total = _metric_total(snap, self.metric_name)
         if ready == 0:
             want = max(current, 1) if total > 0 or snap.pending_requests > 0 else current
         else:
@@ -165,9 +152,20 @@ class Oracle:
     interval_s: float = 60.0
     instant: bool = True
 
-    def decide(self, history: Sequence[Snapshot], now: float) -> Choice:
+    def decide(self, snap: Snapshot, now: float) -> Choice:
         m = min(round(now / 60.0), len(self.needed) - 1)
         return Choice(int(self.needed[m]), reason="Oracle")
+
+
+def _metric_total(snap: Snapshot, metric: str) -> float:
+    """The metric summed over the Ready replicas (what HPA divides by their count)."""
+    if metric == "running":
+        return snap.running
+    if metric == "kv":
+        return sum(r.kv_usage for r in snap.replicas)
+    if metric == "tokens":
+        return snap.tokens_per_s
+    return snap.waiting + snap.pending_requests
 
 
 def _clamp(x: int, lo: int, hi: int) -> int:

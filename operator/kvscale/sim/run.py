@@ -9,14 +9,12 @@ first minute needs, Ready.
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
 from tqdm import tqdm
 
 from kvscale.api.v1alpha1 import LLMEndpointSpec
-from kvscale.signals.snapshot import Snapshot
 from kvscale.sim.arrivals import Workload
 from kvscale.sim.endpoint import Endpoint
 from kvscale.sim.engine import Limits
@@ -25,7 +23,6 @@ from kvscale.sim.profile import EngineProfile
 from kvscale.sim.recorder import Recorder, Targets
 from kvscale.sim.signals import Scraper
 
-HISTORY = 64  # snapshots handed to a policy, oldest first
 DEFAULT_QUEUE_WAIT_S = 30.0
 
 
@@ -92,7 +89,6 @@ def simulate(
     out = Recording(policy.name, rec)
     rec.decided(0.0, initial_replicas)
     out.decisions.append((0.0, initial_replicas, "Initial"))
-    history: deque[Snapshot] = deque(maxlen=HISTORY)
     steps = int(np.ceil(workload.duration_s / dt))
     next_tick = policy.interval_s
     bar = tqdm(total=steps, desc=policy.name, unit="step", disable=not progress, mininterval=1.0)
@@ -109,8 +105,7 @@ def simulate(
         if t1 + 1e-9 >= next_tick:
             next_tick += policy.interval_s
             snap = scraper.snapshot(t1, ep.fleet(t1), float(ep.engines.held()))
-            history.append(snap)
-            choice = policy.decide(tuple(history), t1)
+            choice = policy.decide(snap, t1)
             ep.scale_to(choice.desired, t1, choice.victim, instant=policy.instant)
             if choice.desired != out.decisions[-1][1]:
                 out.decisions.append((t1, choice.desired, choice.reason))

@@ -14,6 +14,7 @@ from typing import Any
 
 from kvscale.api import v1alpha1 as api
 from kvscale.controllers.capacity import CapacityState, Decision
+from kvscale.controllers.feasibility import Feasibility
 from kvscale.signals.snapshot import Snapshot
 from kvscale.status.conditions import Cond
 from kvscale.timestamps import parse, stamp
@@ -55,6 +56,13 @@ def metrics_condition(snap: Snapshot) -> Cond:
         n = len(snap.replicas)
         return Cond("MetricsAvailable", "True", "Fresh", f"Signals of {n} replica(s) read")
     return Cond("MetricsAvailable", "False", snap.problem.value, snap.message or "No signals")
+
+
+def feasibility_condition(verdict: Feasibility) -> Cond:
+    """`SLOFeasible`: whether prefill alone leaves room for the TTFT SLO (last quiet window)."""
+    if verdict.feasible:
+        return Cond("SLOFeasible", "True", "PrefillWithinSLO", verdict.message())
+    return Cond("SLOFeasible", "False", "PrefillExceedsSLO", verdict.message())
 
 
 def capacity(decision: Decision, snap: Snapshot, now: float, draining: str | None) -> JSON:

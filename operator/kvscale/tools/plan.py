@@ -20,6 +20,8 @@ from typing import Any
 import numpy as np
 import yaml
 
+from kvscale.api.v1alpha1 import SLOSpec
+from kvscale.controllers.feasibility import Feasibility
 from kvscale.sim.sizing import (
     ARCHITECTURES,
     DTYPE_BYTES,
@@ -46,6 +48,7 @@ class Plan:
     replica_requests_per_s: float | None = None
     replicas: int | None = None
     rate: float | None = None
+    feasibility: Feasibility | None = None
 
     def rows(self) -> list[tuple[str, str]]:
         b = self.budget
@@ -82,6 +85,8 @@ class Plan:
             )
         if self.replicas is not None:
             out.append((f"replicas for {self.rate} requests/s", str(self.replicas)))
+        if self.feasibility is not None:
+            out.append(("TTFT SLO", self.feasibility.message()))
         return out
 
     def patch(self, ttft: float | None, itl: float | None) -> dict[str, Any]:
@@ -155,6 +160,7 @@ def _profile(args: argparse.Namespace) -> Any:
 def _with_replicas(plan: Plan, profile: Any, args: argparse.Namespace) -> Plan:
     from kvscale.sim.arrivals import Shapes
     from kvscale.sim.engine import Limits
+    from kvscale.sim.feasibility import assess
     from kvscale.sim.oracle import calibrate
     from kvscale.sim.recorder import Targets
 
@@ -172,6 +178,7 @@ def _with_replicas(plan: Plan, profile: Any, args: argparse.Namespace) -> Plan:
     limits = Limits(
         plan.max_num_seqs, plan.max_num_batched_tokens, profile.kv_tokens, plan.max_model_len, 30.0
     )
+    feasible = assess(profile, limits, shapes, args.ttft_slo, SLOSpec().attainment_target)
     cap = calibrate(profile, limits, Targets(args.ttft_slo, args.itl_slo), shapes)
     replicas = None
     if args.rate is not None and cap.requests_per_s > 0:
@@ -187,6 +194,7 @@ def _with_replicas(plan: Plan, profile: Any, args: argparse.Namespace) -> Plan:
         cap.requests_per_s,
         replicas,
         args.rate,
+        feasible,
     )
 
 
@@ -239,6 +247,8 @@ def run_plan(args: argparse.Namespace) -> int:
     except (SizingError, ProfileError, OSError) as exc:
         print(f"kvscale plan: {exc}", file=sys.stderr)
         return 2
+    if plan.feasibility is not None and not plan.feasibility.feasible:
+        print(f"kvscale plan: WARNING: {plan.feasibility.message()}", file=sys.stderr)
     if args.output == "yaml":
         patch = plan.patch(
             args.ttft_slo if args.profile else None, args.itl_slo if args.profile else None

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kvscale.api.v1alpha1 import LLMEndpointSpec
-from kvscale.controllers.capacity import CapacityState, Decision, decide
+from kvscale.controllers.capacity import CapacityLaw, Decision
 from kvscale.signals.snapshot import Fleet, Latency, Problem, ReplicaSignals, Snapshot
 from kvscale_cluster.specs import llm_spec
 
@@ -101,8 +101,7 @@ def run(
     plant = plant or Plant()
     interval = float(endpoint.scaling.capacity_interval_seconds)
     plant.apply(start, -1e6)
-    state = CapacityState()
-    history: list[Snapshot] = []
+    law = CapacityLaw()
     decisions = []
     for i, d in enumerate(demands):
         now = i * interval
@@ -115,9 +114,7 @@ def run(
                 message="connection refused",
                 fleet=snap.fleet,
             )
-        history = [*history[-30:], snap]
-        decision = decide(history, endpoint, state, now)
-        state = decision.state
+        decision = law.decide(snap, endpoint, now)
         decisions.append(decision)
         plant.apply(decision.desired, now)
     return decisions

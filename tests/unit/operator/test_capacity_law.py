@@ -243,3 +243,54 @@ def test_holds_when_signals_are_unusable(
     assert decision.reason == "MetricsUnavailable"
     stale = decide(history, endpoint, state, history[-1].taken_at + 3 * 60 + 1)
     assert stale.desired == held
+
+
+def test_a_long_prompt_burst_read_in_the_bucket_below_the_slo_adds_replicas() -> None:
+    """40k-token prompts at 1 request/s on 4 replicas (12k tokens/s each by the prior); then a
+    burst: 3 requests wait every interval (the queue does not deepen) and the read p99 TTFT sits
+    at 8.5-9.5 s, in vLLM's bucket below the 10 s SLO, while the minutes' true p99 exceed it.
+    The law adds a replica at once and learns that a replica carried 10k tokens/s when the SLO
+    broke; reading that p99 as "within the SLO" it added one replica for the backlog only and
+    kept sizing with the 12k prior."""
+    endpoint = spec(replicaCapacityTokensPerSecond=12000, maxReplicas=20)
+    endpoint = endpoint.model_copy(
+        update={"slo": endpoint.slo.model_copy(update={"ttft_p99_seconds": 10.0})}
+    )
+
+    def snap(i: float, waiting: float, ttft: float) -> Snapshot:
+        reps = tuple(
+            ReplicaSignals(
+                pod=f"p{j}",
+                prompt_tokens_per_s=9800.0,
+                generation_tokens_per_s=200.0,
+                running=2,
+                waiting=waiting / 4,
+                kv_usage=0.5,
+                successes_per_s=0.25,
+                latency=Latency(ttft_p99=ttft),
+                created_at=0.0,
+            )
+            for j in range(4)
+        )
+        return Snapshot(
+            taken_at=i * 60.0,
+            window_s=60.0,
+            replicas=reps,
+            latency=Latency(ttft_p99=ttft, itl_p99=0.05),
+            fleet=Fleet(current=4, ready=4, startup_seconds=60.0),
+        )
+
+    history = [snap(i, 0.0, 3.0) for i in range(5)] + [
+        snap(5 + i, 3.0, t) for i, t in enumerate([8.5, 9.5, 9.0])
+    ]
+    state = CapacityState(desired=4)
+    decisions = []
+    for i in range(len(history)):
+        d = decide(history[: i + 1], endpoint, state, history[i].taken_at)
+        state = d.state
+        decisions.append(d)
+    assert [d.desired for d in decisions[:5]] == [4] * 5  # steady: 4 replicas carry 40k tokens/s
+    burst = decisions[5]
+    assert burst.desired == 5 and burst.reason == "TTFTAboveSLO"
+    assert burst.state.capacity.high == 10000.0  # what a replica carried when the SLO broke
+    assert decisions[-1].per_replica_tokens_per_s <= 10000.0

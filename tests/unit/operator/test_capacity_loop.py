@@ -11,16 +11,15 @@ from typing import Any, cast
 import httpx
 import pytest
 
-from kvscale import capacity_loop
 from kvscale.api.v1alpha1 import LLMEndpointSpec
 from kvscale.capacity_loop import CapacityLoop
 from kvscale.context import Context
-from kvscale.controllers import routing
+from kvscale.controllers import capacity, routing
 from kvscale.controllers.capacity import CapacityState, Decision
 from kvscale.drain import DELETION_COST
 from kvscale.operator_metrics import OperatorMetrics
 from kvscale.routing_loop import RoutingLoop
-from kvscale.signals.snapshot import ReplicaSignals, Snapshot
+from kvscale.signals.snapshot import Latency, ReplicaSignals, Snapshot
 from kvscale.signals.source import Target
 from kvscale_cluster.specs import spec_body
 
@@ -117,7 +116,7 @@ BODY: JSON = {"spec": SPEC, "status": {"capacity": {"desired": 3}}}
 async def test_a_scale_in_walks_weight_zero_drain_wait_mark_scale_down(
     monkeypatch: pytest.MonkeyPatch, kube: FakeKube, admin: Admin
 ) -> None:
-    monkeypatch.setattr(capacity_loop, "decide", script([2]))
+    monkeypatch.setattr(capacity, "decide", script([2]))
     cap = loop(kube, admin)
     assert cap.desired(BODY) == 3  # before it decides, the count in status stands
     first = await cap.tick(BODY, 1000.0)
@@ -207,7 +206,7 @@ async def test_demand_coming_back_keeps_a_vllm_victim_with_no_call_to_make(
 async def test_demand_coming_back_undrains_the_victim(
     monkeypatch: pytest.MonkeyPatch, kube: FakeKube, admin: Admin
 ) -> None:
-    monkeypatch.setattr(capacity_loop, "decide", script([2, 3]))
+    monkeypatch.setattr(capacity, "decide", script([2, 3]))
     cap = loop(kube, admin)
     body = {**BODY, "spec": {**SPEC, "scaling": {"capacityIntervalSeconds": 20}}}
     await cap.tick(body, 1000.0)
@@ -222,7 +221,7 @@ async def test_demand_coming_back_undrains_the_victim(
 async def test_the_drain_deadline_scales_in_with_requests_in_flight(
     monkeypatch: pytest.MonkeyPatch, kube: FakeKube, admin: Admin
 ) -> None:
-    monkeypatch.setattr(capacity_loop, "decide", script([2]))
+    monkeypatch.setattr(capacity, "decide", script([2]))
     cap = loop(kube, admin)
     admin.in_flight = 3
     await cap.tick(BODY, 1000.0)
@@ -235,11 +234,39 @@ async def test_the_drain_deadline_scales_in_with_requests_in_flight(
 async def test_a_scale_out_is_applied_at_once(
     monkeypatch: pytest.MonkeyPatch, kube: FakeKube, admin: Admin
 ) -> None:
-    monkeypatch.setattr(capacity_loop, "decide", script([5]))
+    monkeypatch.setattr(capacity, "decide", script([5]))
     cap = loop(kube, admin)
     tick = await cap.tick(BODY, 1000.0)
     assert tick.rescale and tick.why == "demand rose" and cap.desired(BODY) == 5
     assert tick.status["decisions"][-1]["toReplicas"] == 5 and admin.calls == []
+
+
+async def test_a_quiet_window_slower_than_the_slo_sets_slo_feasible_false(
+    monkeypatch: pytest.MonkeyPatch, kube: FakeKube, admin: Admin
+) -> None:
+    monkeypatch.setattr(capacity, "decide", script([3, 3, 3]))
+    ttft = [9.0]
+
+    class Slow(FakeSource):
+        async def snapshot(self, target: Target, now: float) -> Snapshot:
+            reps = tuple(
+                ReplicaSignals(pod=p.name, running=1, successes_per_s=1.0) for p in target.pods
+            )
+            latency = Latency(ttft_p99=ttft[0])
+            return Snapshot(taken_at=now, window_s=target.window_s, replicas=reps, latency=latency)
+
+    source: Any = Slow()
+    ctx = Context(kube=cast(Any, kube), source=lambda _: source, metrics=OperatorMetrics())
+    client = httpx.AsyncClient(transport=httpx.MockTransport(admin))
+    cap = CapacityLoop(ctx, "ns", "chat", admin=client)
+    await cap.tick(BODY, 1000.0)
+    (cond,) = [c for c in cap.conditions() if c.type == "SLOFeasible"]
+    assert (cond.status, cond.reason) == ("False", "PrefillExceedsSLO")
+    assert "p99 TTFT was 9.00 s while no request waited" in cond.message
+    ttft[0] = 0.2
+    await cap.tick(BODY, 1060.0)
+    (cond,) = [c for c in cap.conditions() if c.type == "SLOFeasible"]
+    assert cond.status == "True"
 
 
 async def test_an_unusable_spec_waits_without_reading_anything(admin: Admin) -> None:

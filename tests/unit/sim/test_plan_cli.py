@@ -61,6 +61,21 @@ def test_yaml_is_a_valid_llmendpoint_patch(capsys: pytest.CaptureFixture[str]) -
     assert spec["scaling"]["maxReplicas"] >= 2
 
 
+def test_an_infeasible_ttft_slo_is_named_with_the_one_plan_would_set(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = ["--model", "llama-3-8b", "--gpu", "h200", "--profile", "h200-kvscale-eager",
+            "--input-len", "40000", "--output-len", "100", "--max-model-len", "65536"]  # fmt: skip
+    assert plan(*argv, "--ttft-slo", "0.5") == 0
+    out, err = capsys.readouterr()
+    assert "WARNING: The 0.5 s TTFT SLO is infeasible for this workload" in err
+    assert "no replica count meets it" in out  # the table's row says it too
+    suggested = float(err.split("plan would set ")[1].split(" s")[0])
+    assert plan(*argv, "--ttft-slo", str(suggested)) == 0
+    out, err = capsys.readouterr()
+    assert err == "" and f"The {suggested:g} s TTFT SLO is feasible" in out
+
+
 def test_bad_input_is_refused_with_a_reason(capsys: pytest.CaptureFixture[str]) -> None:
     assert plan("--model", "llama-3-8b", "--gpu", "tpu") == 2
     assert "unknown GPU" in capsys.readouterr().err

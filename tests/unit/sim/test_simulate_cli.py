@@ -25,10 +25,31 @@ def test_report_has_the_issue_shape_and_plots(tmp_path: Path) -> None:
         for key in ("gpu_hours", "slo_minutes_fraction", "flaps", "cost_per_successful_request"):
             assert key in p
     assert policies["oracle"]["gpu_hours_vs_oracle"] == 1.0
+    assert report["traces"]["azure-conv"]["slo_feasibility"]["feasible"]
     assert sorted(x.name for x in tmp_path.glob("*.png")) == [
         "azure-conv-replicas.png",
         "azure-conv-ttft-cdf.png",
     ]
+
+
+def test_an_infeasible_slo_is_reported_not_tabled_silently(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Mooncake's long prompts cannot be prefilled within 0.5 s on any replica
+    code = main(
+        ["simulate", "--trace", "mooncake", "--traces-dir", str(TRACES), "--hours", "0.05",
+         "--dt", "5", "--ttft-slo", "0.5", "--policies", "oracle", "--quiet", "--no-plots",
+         "--out-dir", str(tmp_path)]
+    )  # fmt: skip
+    assert code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("WARNING: The 0.5 s TTFT SLO is infeasible for this workload: ")
+    verdict = json.loads((tmp_path / "simulate.json").read_text())["traces"]["mooncake"][
+        "slo_feasibility"
+    ]
+    assert not verdict["feasible"] and verdict["share_over_slo"] > 0.01
+    assert verdict["suggested_ttft_slo_s"] > 2 * verdict["prefill_at_target_s"] - 1e-9
+    assert f"plan would set {verdict['suggested_ttft_slo_s']:g} s" in out
 
 
 def test_bad_input_is_refused_with_a_reason(
