@@ -160,7 +160,7 @@ class VictimLoad:
 async def test_a_vllm_scale_in_waits_for_the_victims_own_gauges_without_admin_calls(
     monkeypatch: pytest.MonkeyPatch, kube: FakeKube, admin: Admin
 ) -> None:
-    monkeypatch.setattr(capacity_loop, "decide", script([2]))
+    monkeypatch.setattr(capacity, "decide", script([2]))
     load = VictimLoad()
     source: Any = load
     ctx = Context(kube=cast(Any, kube), source=lambda _: source, metrics=OperatorMetrics())
@@ -184,7 +184,7 @@ async def test_a_vllm_scale_in_waits_for_the_victims_own_gauges_without_admin_ca
 async def test_demand_coming_back_keeps_a_vllm_victim_with_no_call_to_make(
     monkeypatch: pytest.MonkeyPatch, kube: FakeKube, admin: Admin
 ) -> None:
-    monkeypatch.setattr(capacity_loop, "decide", script([2, 3]))
+    monkeypatch.setattr(capacity, "decide", script([2, 3]))
     load = VictimLoad()
     source: Any = load
     ctx = Context(kube=cast(Any, kube), source=lambda _: source, metrics=OperatorMetrics())
