@@ -17,6 +17,7 @@ from typing import Any
 import openai
 import pytest
 from load import Load, p99
+from scenario_helpers import weights
 
 from kvscale.kube import Kube
 from kvscale_cluster import process
@@ -106,6 +107,12 @@ def events(api: Kube, namespace: str) -> dict[str, list[str]]:
 HINT = {"replicaCapacityTokensPerSecond": 150}
 
 
+def all_weighted(api: Kube, namespace: str, replicas: int) -> bool:
+    """The operator published a weight above 0 for each of `replicas` replicas."""
+    published = weights(api, namespace, "chat") or {}
+    return len(published) == replicas and min(published.values()) > 0
+
+
 def test_burst_scales_up_within_two_intervals_and_ttft_recovers(
     cluster: Cluster, operator: Any, api: Kube, namespace: str
 ) -> None:
@@ -140,6 +147,12 @@ def test_burst_scales_up_within_two_intervals_and_ttft_recovers(
             what="3 replicas for the burst",
         )
         serving(api, namespace, ready=3)
+        # a Ready replica gets traffic once its warm-up is over (the routing loop publishes a
+        # weight for it): until then the first replica still carries the burst alone, so the
+        # recovery is judged from the moment all three are weighted
+        wait_for(
+            lambda: all_weighted(api, namespace, 3), timeout=60, what="all 3 replicas weighted"
+        )
         recovered = time.monotonic()
         wait_for(
             lambda: len(load.since(recovered)) >= 60, timeout=120, what="60 requests after scale-up"
