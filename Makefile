@@ -8,8 +8,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PYTEST := $(BIN)/pytest
 K8S_BIN = $(shell e2e/k8sbin/build.sh)
-# the local cluster (kvscale_cluster) and the demo (kvscale_demo) are not installed: they, and the
-# benchmarks that start a cluster, run from the source tree
+# the local cluster (kvscale_cluster) and the demo (kvscale_demo) are not installed: they run from
+# the source tree (pytest's `pythonpath` and `python -m bench` find them themselves)
 E2E_PATH := PYTHONPATH=$(CURDIR)/e2e
 
 .PHONY: profile prereqs venv system-deps k8s vllm lint typecheck imports crds test test-unit \
@@ -38,7 +38,7 @@ k8s:
 	e2e/k8sbin/build.sh
 
 # vLLM's CPU build in its own venv under ~/.cache/kvscale/vllm/<version>/ (once; ~6 GB), for the
-# vLLM tests and the engine-vs-vLLM benchmark; prints the venv folder
+# vLLM tests (e2e/tests/test_vllm.py); prints the venv folder
 vllm:
 	e2e/vllm/install.sh
 
