@@ -42,6 +42,7 @@ class TrafficClass:
     max_concurrency: int | None = None  # None: only the replica-wide limit applies
     max_queue: int = 256
     max_queue_wait_s: float = 10.0
+    deadline_s: float | None = None  # set: deferrable, ranked below every interactive class
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not re.fullmatch(r"[A-Za-z0-9_.-]{1,63}", self.name):
@@ -52,6 +53,12 @@ class TrafficClass:
             raise AdmissionConfigError(f"{self.name}: maxQueue must be >= 0")
         if not self.max_queue_wait_s >= 0:
             raise AdmissionConfigError(f"{self.name}: maxQueueWait must be >= 0")
+        if self.deadline_s is not None and not 0 < self.deadline_s < math.inf:
+            raise AdmissionConfigError(f"{self.name}: deadlineSeconds must be a number > 0")
+
+    @property
+    def deferrable(self) -> bool:
+        return self.deadline_s is not None
 
 
 @dataclass(frozen=True)
@@ -309,6 +316,7 @@ _KEYS = {
     "maxqueuewait": "max_queue_wait_s",
     "maxqueuewaits": "max_queue_wait_s",
     "maxqueuewaitseconds": "max_queue_wait_s",
+    "deadlineseconds": "deadline_s",
 }
 
 
@@ -323,6 +331,10 @@ def traffic_class_from_mapping(raw: Mapping[str, Any]) -> TrafficClass:
             value = parse_duration_s(value)
         elif target == "max_concurrency" and value is None:
             pass  # only the replica-wide limit applies
+        elif target == "deadline_s":
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
+                raise AdmissionConfigError(f"{key} must be a number of seconds, got {value!r}")
+            value = None if value is None else float(value)
         elif target != "name" and not _is_int(value):
             raise AdmissionConfigError(f"{key} must be an integer, got {value!r}")
         fields[target] = value
