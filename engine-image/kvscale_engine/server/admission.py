@@ -329,12 +329,12 @@ def traffic_class_from_mapping(raw: Mapping[str, Any]) -> TrafficClass:
             raise AdmissionConfigError(f"unknown traffic class field {key!r}")
         if target == "max_queue_wait_s":
             value = parse_duration_s(value)
-        elif target == "max_concurrency" and value is None:
-            pass  # only the replica-wide limit applies
-        elif target == "deadline_s":
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
+        elif target in ("max_concurrency", "deadline_s") and value is None:
+            pass  # only the replica-wide limit applies; an interactive class
+        elif target == "deadline_s" and value is not None:
+            if isinstance(value, bool) or not isinstance(value, int | float):
                 raise AdmissionConfigError(f"{key} must be a number of seconds, got {value!r}")
-            value = None if value is None else float(value)
+            value = float(value)
         elif target != "name" and not _is_int(value):
             raise AdmissionConfigError(f"{key} must be an integer, got {value!r}")
         fields[target] = value
