@@ -187,5 +187,11 @@ class Admission:
     def depth(self, cls: TrafficClass) -> int:
         return len(self.queues[cls.name])
 
+    def free_slots(self, cls: TrafficClass) -> int | None:
+        """Requests of the class that may still start (None: unlimited)."""
+        if cls.max_concurrency is None:
+            return None
+        return max(0, cls.max_concurrency - self.running[cls.name] - len(self.queues[cls.name]))
+
     def _has_slot(self, cls: TrafficClass) -> bool:
         return cls.max_concurrency is None or self.running[cls.name] < cls.max_concurrency
