@@ -25,7 +25,8 @@ from kvscale_router.static_source import StaticSource, parse_replicas
 ROUTER_PORT = 8080
 CLASSES_HELP = (
     'JSON: [{"name": "interactive", "priority": 10, "maxConcurrency": 64, "maxQueue": 128, '
-    '"maxQueueWaitSeconds": 2}, ...]; the first is the default class'
+    '"maxQueueWaitSeconds": 2}, {"name": "batch", "deadlineSeconds": 3600}, ...]; the first is '
+    "the default class; one with deadlineSeconds is deferrable"
 )
 # uvicorn closes an idle keep-alive connection after 5 s, exactly when httpx (the openai client)
 # considers it still reusable: a request sent on it as the close crosses it fails with "Server
