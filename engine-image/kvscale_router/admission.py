@@ -5,6 +5,8 @@ endpoint's `trafficClasses`): `name`, `priority` (higher is served first), `maxC
 (requests of the class in flight through this router; none: unlimited), `maxQueue` (waiting
 requests; a full queue refuses at once) and `maxQueueWaitSeconds` (a request still queued then is
 refused). Refusals are 429 + Retry-After, so clients back off instead of piling onto replicas.
+A class with `deadlineSeconds` is deferrable: its requests wait in the deferred queue
+(deferred.py) instead, until spare capacity or their deadline releases them.
 The class comes from the `x-kvscale-class` header; the first class is the default.
 
 The format is defined once, in engine-image/traffic-classes.schema.json; the engine parses the
@@ -34,6 +36,7 @@ _KEYS = {
     "maxqueuewait": "max_queue_wait_s",
     "maxqueuewaits": "max_queue_wait_s",
     "maxqueuewaitseconds": "max_queue_wait_s",
+    "deadlineseconds": "deadline_s",
 }
 
 
@@ -61,6 +64,7 @@ class TrafficClass:
     max_concurrency: int | None = None
     max_queue: int = 256
     max_queue_wait_s: float = 10.0
+    deadline_s: float | None = None  # set: deferrable, complete within this long of arrival
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not re.fullmatch(r"[A-Za-z0-9_.-]{1,63}", self.name):
@@ -69,6 +73,12 @@ class TrafficClass:
             raise ClassConfigError(f"{self.name}: maxConcurrency must be >= 1")
         if self.max_queue < 0 or not self.max_queue_wait_s >= 0:
             raise ClassConfigError(f"{self.name}: maxQueue and maxQueueWait must be >= 0")
+        if self.deadline_s is not None and not 0 < self.deadline_s < math.inf:
+            raise ClassConfigError(f"{self.name}: deadlineSeconds must be a number > 0")
+
+    @property
+    def deferrable(self) -> bool:
+        return self.deadline_s is not None
 
     @property
     def retry_after_s(self) -> int:
@@ -84,6 +94,14 @@ def _duration_s(value: Any) -> float:
     return float(match.group(1)) * {"ms": 0.001, "s": 1.0, "m": 60.0, None: 1.0}[match.group(2)]
 
 
+def _deadline_s(key: str, value: Any) -> float | None:
+    if value is None:
+        return None  # interactive
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ClassConfigError(f"{key} must be a number of seconds, got {value!r}")
+    return float(value)
+
+
 def _traffic_class(raw: Mapping[str, Any]) -> TrafficClass:
     fields: dict[str, Any] = {}
     for key, value in raw.items():
@@ -94,6 +112,8 @@ def _traffic_class(raw: Mapping[str, Any]) -> TrafficClass:
             value = _duration_s(value)
         elif target == "max_concurrency" and value is None:
             pass  # unlimited
+        elif target == "deadline_s":
+            value = _deadline_s(key, value)
         elif target != "name" and type(value) is not int:
             raise ClassConfigError(f"{key} must be an integer, got {value!r}")
         fields[target] = value
@@ -166,6 +186,12 @@ class Admission:
 
     def depth(self, cls: TrafficClass) -> int:
         return len(self.queues[cls.name])
+
+    def free_slots(self, cls: TrafficClass) -> int | None:
+        """Requests of the class that may still start (None: unlimited)."""
+        if cls.max_concurrency is None:
+            return None
+        return max(0, cls.max_concurrency - self.running[cls.name] - len(self.queues[cls.name]))
 
     def _has_slot(self, cls: TrafficClass) -> bool:
         return cls.max_concurrency is None or self.running[cls.name] < cls.max_concurrency

@@ -16,6 +16,7 @@ import uvicorn
 
 from kvscale_router.admission import ClassConfigError, parse_traffic_classes
 from kvscale_router.config import RouterConfig
+from kvscale_router.deferred import DeferralPolicy
 from kvscale_router.picker import POLICIES
 from kvscale_router.replicas import ReplicaSource
 from kvscale_router.server import create_app
@@ -24,7 +25,8 @@ from kvscale_router.static_source import StaticSource, parse_replicas
 ROUTER_PORT = 8080
 CLASSES_HELP = (
     'JSON: [{"name": "interactive", "priority": 10, "maxConcurrency": 64, "maxQueue": 128, '
-    '"maxQueueWaitSeconds": 2}, ...]; the first is the default class'
+    '"maxQueueWaitSeconds": 2}, {"name": "batch", "deadlineSeconds": 3600}, ...]; the first is '
+    "the default class; one with deadlineSeconds is deferrable"
 )
 # uvicorn closes an idle keep-alive connection after 5 s, exactly when httpx (the openai client)
 # considers it still reusable: a request sent on it as the close crosses it fails with "Server
@@ -58,6 +60,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-attempts", type=int, default=3,
                    help="replicas tried before the first byte")  # fmt: skip
     p.add_argument("--traffic-classes", help=CLASSES_HELP)
+    p.add_argument("--deferred-spare-tokens", type=float, default=8192.0,
+                   help="deferrable classes: outstanding tokens a replica of weight 1 may carry "
+                   "and still take deferred work, unless the routing ConfigMap publishes its "
+                   "tokenBudgets")  # fmt: skip
+    p.add_argument("--deferred-hot-weight", type=float, default=0.5,
+                   help="a replica weighted below this is hot: no deferred work")  # fmt: skip
+    p.add_argument("--deferred-safety", type=float, default=2.0,
+                   help="a deferred request goes, however loaded the replicas, once its time "
+                   "left is this many times its expected run time (plus the margin)")  # fmt: skip
+    p.add_argument("--deferred-margin-seconds", type=float, default=5.0)
+    p.add_argument("--deferred-prior-tokens-per-second", type=float, default=10.0,
+                   help="per-request decode rate assumed before deferred requests "
+                   "completed")  # fmt: skip
     p.add_argument("--drain-seconds", type=float, default=30.0,
                    help="on SIGTERM, how long in-flight requests may finish")  # fmt: skip
     p.add_argument("--keep-alive-seconds", type=float, default=KEEP_ALIVE_S,
@@ -97,7 +112,13 @@ def router_config(args: argparse.Namespace) -> RouterConfig:
         pending_timeout_s=args.pending_timeout,
         max_attempts=args.max_attempts,
         traffic_classes=parse_traffic_classes(args.traffic_classes),
-    )
+        spare_tokens=args.deferred_spare_tokens,
+        hot_weight=args.deferred_hot_weight,
+        deferral=DeferralPolicy(
+            args.deferred_safety, args.deferred_margin_seconds,
+            args.deferred_prior_tokens_per_second,
+        ),
+    )  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> None:

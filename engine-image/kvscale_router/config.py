@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from kvscale_router.admission import TrafficClass
+from kvscale_router.deferred import DeferralPolicy
 from kvscale_router.picker import POLICIES, Policy
 
 
@@ -21,6 +22,12 @@ class RouterConfig:
     max_attempts: int = 3  # replicas tried before the first byte reaches the client
     connect_timeout_s: float = 2.0
     traffic_classes: tuple[TrafficClass, ...] = (TrafficClass(),)
+    # deferrable classes: a replica without a published token budget may carry this many
+    # outstanding tokens per unit weight before it has no spare capacity; under hot_weight it
+    # is hot and gets no deferred work (the routing law's own "hot" line)
+    spare_tokens: float = 8192.0
+    hot_weight: float = 0.5
+    deferral: DeferralPolicy = field(default_factory=DeferralPolicy)
 
     def __post_init__(self) -> None:
         if self.block_size < 1 or self.max_blocks < 1:
@@ -33,3 +40,5 @@ class RouterConfig:
             raise ValueError("max pending, pending timeout and warm-up must be >= 0")
         if self.max_attempts < 1:
             raise ValueError("max attempts must be >= 1")
+        if self.spare_tokens < 0 or not 0 <= self.hot_weight <= 1:
+            raise ValueError("spare tokens must be >= 0 and the hot weight in [0, 1]")

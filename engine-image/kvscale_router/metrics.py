@@ -55,6 +55,37 @@ class RouterMetrics:
             f"{p}replica_weight", "The weight each known replica is routed with (0 = no new "
             "requests)", ["replica"], registry=r)  # fmt: skip
         self.routable = Gauge(f"{p}routable_replicas", "Replicas with a weight above 0", registry=r)
+        # deferrable classes: the backlog the capacity law reads, and how it was served
+        self.deferred_requests = Gauge(
+            f"{p}deferred_queue_requests", "Deferrable requests waiting for spare capacity or "
+            "their deadline", ["traffic_class"], registry=r)  # fmt: skip
+        self.deferred_tokens = Gauge(
+            f"{p}deferred_queue_tokens", "Tokens (prompt estimate + max output) of queued "
+            "deferrable requests due within due_within seconds (cumulative)",
+            ["traffic_class", "due_within"], registry=r)  # fmt: skip
+        self.deferred_oldest = Gauge(
+            f"{p}deferred_oldest_age_seconds", "Age of the oldest queued deferrable request",
+            ["traffic_class"], registry=r)  # fmt: skip
+        self.deferred_released = Counter(
+            f"{p}deferred_released", "Deferrable requests released to a replica, by reason "
+            "(spare: into spare capacity; deadline: its deadline required it)",
+            ["traffic_class", "reason"], registry=r)  # fmt: skip
+        self.deferred_missed = Counter(
+            f"{p}deferred_deadline_missed", "Deferrable requests that did not make their "
+            "deadline, by reason (refused: unmeetable on arrival; expired: became unmeetable "
+            "while queued; late: finished after it)", ["traffic_class", "reason"],
+            registry=r)  # fmt: skip
+        self.deferred_completed = Counter(
+            f"{p}deferred_completed", "Deferrable requests a replica answered in full (on time "
+            "or late)", ["traffic_class"], registry=r)  # fmt: skip
+        self.valley_tokens = Counter(
+            f"{p}deferred_valley_tokens", "Tokens of deferrable requests released while the "
+            "endpoint was in a valley: no interactive request waiting and every replica under "
+            "its spare budget", ["traffic_class"], registry=r)  # fmt: skip
+        self.decode_rate = Gauge(
+            f"{p}deferred_decode_rate_tokens_per_second", "Per-request decode rate learned per "
+            "replica from completed deferrable requests (the prior until one completed)",
+            ["replica"], registry=r)  # fmt: skip
 
         self._weighted: set[str] = set()
 

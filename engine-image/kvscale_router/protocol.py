@@ -8,6 +8,7 @@ validates everything else, so unknown fields pass through untouched.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, cast
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -15,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 TEXT_CHARS_PER_TOKEN = 4  # a rough, tokenizer-free estimate for text prompts
 DEFAULT_MAX_TOKENS = 16  # the OpenAI completions default
 CHAT_MAX_TOKENS_GUESS = 256  # chat has no default; a typical answer, only for load accounting
+_COMPLETION_TOKENS = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
 
 
 class BadRequest(ValueError):
@@ -62,10 +64,15 @@ class RoutedRequest(BaseModel):
         """Prompt plus the most output it may ask for: the KV it can occupy, roughly."""
         view = self.prompt_view
         prompt = len(view) if isinstance(view, list) else len(view) // TEXT_CHARS_PER_TOKEN
+        return prompt + self.output_tokens
+
+    @property
+    def output_tokens(self) -> int:
+        """The most output it may ask for, all choices together."""
         limit = self.max_completion_tokens or self.max_tokens
         if limit is None:
             limit = CHAT_MAX_TOKENS_GUESS if self.messages is not None else DEFAULT_MAX_TOKENS
-        return prompt + limit * self.n
+        return limit * self.n
 
 
 def parse_body(body: bytes) -> RoutedRequest:
@@ -81,6 +88,27 @@ def parse_body(body: bytes) -> RoutedRequest:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
         raise BadRequest(f"{where}: {first['msg']}") from exc
+
+
+class OutputTally:
+    """A response's output tokens, counted as it is relayed: the usage block's
+    `completion_tokens` when it has one (every whole answer, and a stream asked for with
+    `stream_options.include_usage`), else one per event of a stream, roughly one per token."""
+
+    def __init__(self) -> None:
+        self.events = 0
+        self.tail = b""
+
+    def feed(self, chunk: bytes) -> None:
+        self.events += chunk.count(b"data: ")
+        self.tail = (self.tail + chunk)[-2048:]
+
+    @property
+    def tokens(self) -> int | None:
+        found = _COMPLETION_TOKENS.findall(self.tail)
+        if found:
+            return int(found[-1])
+        return max(0, self.events - 1) if self.events else None  # the last event is [DONE]
 
 
 def error_body(message: str, type_: str, code: str | int | None = None) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""One request through the router: parse, admit, hold from zero, pick, send, relay.
+"""One request through the router: parse, defer (deferrable classes), admit, hold from zero,
+pick, send, relay.
 
 Everything before the first byte reaches the client may be redone: a replica that cannot be
 reached or answers 429/502/503/504 is skipped and the request goes to another one (at most
@@ -17,12 +18,20 @@ from starlette.responses import JSONResponse, Response
 
 from kvscale_router.admission import CLASS_HEADER, Admission, Refused, TrafficClass
 from kvscale_router.config import RouterConfig
+from kvscale_router.deferred import Release
 from kvscale_router.hold import Hold
 from kvscale_router.metrics import RouterMetrics
 from kvscale_router.picker import Picker
 from kvscale_router.prefix import block_keys
-from kvscale_router.protocol import BadRequest, RoutedRequest, error_body, parse_body
+from kvscale_router.protocol import (
+    BadRequest,
+    OutputTally,
+    RoutedRequest,
+    error_body,
+    parse_body,
+)
 from kvscale_router.relay import Relay, forwarded_headers
+from kvscale_router.release import Releaser, deferred_of
 from kvscale_router.replicas import ReplicaTable
 
 RETRY_STATUSES = frozenset({429, 502, 503, 504})
@@ -40,6 +49,7 @@ class Router:
     hold: Hold
     metrics: RouterMetrics
     client: aiohttp.ClientSession
+    releaser: Releaser
 
 
 def error_response(status: int, message: str, type_: str, retry_after: int | None = None,
@@ -94,6 +104,26 @@ async def _admit_and_send(
     cls: TrafficClass,
     arrival: float,
 ) -> Reply:
+    release: Release | None = None
+    if cls.deferrable:
+        deferred = deferred_of(cls, time.monotonic(), routed.cost_tokens, routed.output_tokens)
+        release = await router.releaser.wait(deferred)
+    try:
+        return await _admit(router, request, body, routed, cls, arrival, release)
+    finally:
+        if release is not None:
+            router.releaser.settle(release)  # started on its replica, or failed
+
+
+async def _admit(
+    router: Router,
+    request: Request,
+    body: bytes,
+    routed: RoutedRequest,
+    cls: TrafficClass,
+    arrival: float,
+    release: Release | None,
+) -> Reply:
     m = router.metrics
     queued = time.perf_counter()
     m.queue_depth.labels(cls.name).set(router.admission.depth(cls) + 1)
@@ -103,11 +133,14 @@ async def _admit_and_send(
         m.queue_depth.labels(cls.name).set(router.admission.depth(cls))
     waited = time.perf_counter() - queued
     m.queue_wait.labels(cls.name).observe(waited)
+    if release is not None:  # its time in the deferred queue is waiting too
+        waited = time.perf_counter() - arrival
     try:
         waited += await router.hold.until_routable(cls.name)
-        relay = await _send(router, request, body, routed, arrival, waited, cls)
+        relay = await _send(router, request, body, routed, arrival, waited, cls, release)
     except BaseException:
         router.admission.leave(cls)
+        router.releaser.kick()
         raise
     return relay
 
@@ -120,6 +153,7 @@ async def _send(
     arrival: float,
     waited: float,
     cls: TrafficClass,
+    release: Release | None = None,
 ) -> Relay:
     cfg, picker, m = router.config, router.picker, router.metrics
     keys = block_keys(routed.prompt_view, cfg.block_size, cfg.max_blocks)
@@ -127,7 +161,10 @@ async def _send(
     headers = forwarded_headers(request.headers.items())
     tried: set[str] = set()
     for _ in range(cfg.max_attempts):
-        choice = picker.pick(keys, cost, router.table.routable(), exclude=tried)
+        live = router.table.routable()
+        if release is not None and release.replica in live and release.replica not in tried:
+            live = {release.replica: live[release.replica]}  # where the release found room
+        choice = picker.pick(keys, cost, live, exclude=tried)
         if choice is None:
             break
         name = choice.name
@@ -150,16 +187,18 @@ async def _send(
             _finish(router, name, cost)
             m.retries.labels(str(upstream.status)).inc()
             continue
-        return _relay(router, upstream, name, cost, cls, sent_at - arrival - waited)
+        return _relay(router, upstream, name, cost, cls, sent_at - arrival - waited, release)
     raise Refused(503, "no_replica", 1, cls.name,
                   f"No replica could take the request (tried {len(tried)}).")  # fmt: skip
 
 
 def _relay(
     router: Router, upstream: aiohttp.ClientResponse, name: str, cost: float, cls: TrafficClass,
-    before_s: float,
+    before_s: float, release: Release | None,
 ) -> Relay:  # fmt: skip
     m = router.metrics
+    tally = OutputTally() if release is not None else None
+    sent_at = time.monotonic()
 
     def done(outcome: str) -> None:
         _finish(router, name, cost)
@@ -168,13 +207,19 @@ def _relay(
         m.requests.labels(name, code).inc()
         if outcome == "upstream_failed":
             m.upstream_errors.labels(name, "mid_stream").inc()
+        if release is not None and tally is not None:
+            complete = outcome == "ok" and upstream.status == 200
+            seconds = time.monotonic() - sent_at
+            router.releaser.finished(release.request, name, tally.tokens, seconds, complete)
 
-    return Relay(upstream, done, lambda relay_s: m.added.observe(before_s + relay_s))
+    observe = tally.feed if tally is not None else None
+    return Relay(upstream, done, lambda relay_s: m.added.observe(before_s + relay_s), observe)
 
 
 def _finish(router: Router, name: str, cost: float) -> None:
     router.picker.finished(name, cost)
     _show_load(router, name)
+    router.releaser.kick()
 
 
 def _show_load(router: Router, name: str) -> None:

@@ -35,10 +35,12 @@ class Relay:
         upstream: aiohttp.ClientResponse,
         done: Callable[[str], None],
         first_byte: Callable[[float], None],
+        observe: Callable[[bytes], None] | None = None,  # sees every chunk relayed
     ) -> None:
         self.upstream = upstream
         self.done = done
         self.first_byte = first_byte
+        self.observe = observe
         self.outcome = "client_disconnected"
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -69,6 +71,8 @@ class Relay:
                 if first:
                     self.first_byte(time.perf_counter() - arrived)
                     first = False
+                if self.observe is not None:
+                    self.observe(chunk)
             self.outcome = "ok"
         except (aiohttp.ClientError, TimeoutError) as exc:
             self.outcome = "upstream_failed"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator
 
 import aiohttp
@@ -25,6 +26,7 @@ from kvscale_router.config import RouterConfig
 from kvscale_router.hold import Hold
 from kvscale_router.metrics import RouterMetrics
 from kvscale_router.picker import Picker
+from kvscale_router.release import Releaser
 from kvscale_router.replicas import ReplicaSource, ReplicaTable
 
 log = logging.getLogger(__name__)
@@ -35,14 +37,17 @@ def build_router(config: RouterConfig, client: aiohttp.ClientSession) -> proxy.R
     table = ReplicaTable(config.warmup_s)
     picker = Picker(config.policy, config.epsilon, config.index_capacity)
 
+    hold = Hold(table, metrics, config.max_pending, config.pending_timeout_s)
+    admission = Admission(config.traffic_classes)
+    releaser = Releaser(config, table, picker, admission, hold, metrics)
+
     def forget(gone: set[str]) -> None:
         for name in gone:
             picker.removed(name)
+        releaser.forget(gone)
 
     table.on_removed(forget)
-    hold = Hold(table, metrics, config.max_pending, config.pending_timeout_s)
-    admission = Admission(config.traffic_classes)
-    return proxy.Router(config, table, picker, admission, hold, metrics, client)
+    return proxy.Router(config, table, picker, admission, hold, metrics, client, releaser)
 
 
 async def _follow(source: ReplicaSource, router: proxy.Router) -> None:
@@ -66,14 +71,18 @@ def create_app(config: RouterConfig, source: ReplicaSource) -> Starlette:
         async with aiohttp.ClientSession(
             connector=connector, timeout=timeout, auto_decompress=False
         ) as client:
-            app.state.router = build_router(config, client)
-            task = asyncio.create_task(_follow(source, app.state.router))
+            app.state.router = router = build_router(config, client)
+            tasks = [
+                asyncio.create_task(_follow(source, router)),
+                asyncio.create_task(router.releaser.run()),
+            ]
             log.info("Router started with %s, policy %s", source.description, config.policy)
             try:
                 yield
             finally:
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
 
     def router_of(request: Request) -> proxy.Router:
         router: proxy.Router = request.app.state.router
@@ -98,6 +107,7 @@ def create_app(config: RouterConfig, source: ReplicaSource) -> Starlette:
     async def metrics(request: Request) -> Response:
         router = router_of(request)
         router.metrics.show_weights(router.table.weights())
+        router.releaser.show(time.monotonic())
         return Response(generate_latest(router.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     routes = [

@@ -118,3 +118,24 @@ def test_seeded_sampling_survives_preemption(make_engine: MakeEngine) -> None:
     assert {k: v.output_token_ids for k, v in roomy.items()} == {
         k: v.output_token_ids for k, v in cramped.items()
     }
+
+
+def test_deferred_work_preempted_by_interactive_arrivals_still_matches_hf(
+    make_engine: MakeEngine, hf_llama: HFReference
+) -> None:
+    """Deferred requests fill the pool and the batch; interactive ones arrive and take their place
+    (preempting them by recompute); both kinds of output equal HF's."""
+    prompts = random_prompts(8, (30, 60), seed=14)
+    engine = make_engine(num_kv_blocks=16, max_num_seqs=4)
+    for index in range(4):  # deferred work first, below every interactive class
+        engine.add_request(str(index), prompts[index], GREEDY, priority=-1,
+                           traffic_class="batch", preemptible=True)  # fmt: skip
+    finals = {o.request_id: o for _ in range(3) for o in engine.step() if o.finished}
+    assert len(engine.scheduler.running) == 4 and not finals
+    for index in range(4, 8):
+        engine.add_request(str(index), prompts[index], GREEDY, priority=0, traffic_class="chat")
+    while engine.has_unfinished_requests():
+        finals |= {o.request_id: o for o in engine.step() if o.finished}
+    stats = engine.stats()
+    assert stats.preemptions_by_class.get("batch", 0) > 0  # (chat may run short of blocks too)
+    assert_matches_hf(hf_llama, prompts, finals, GREEDY.max_tokens)

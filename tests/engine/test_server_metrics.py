@@ -42,6 +42,7 @@ EXPECTED: dict[str, tuple[str, list[float] | None]] = {
     "kvscale:admission_queue_wait_seconds": ("histogram", TTFT),
     "kvscale:admission_queue_depth": ("gauge", None),
     "kvscale:admission_in_flight": ("gauge", None),
+    "kvscale:preemptions": ("counter", None),
 }
 
 
@@ -110,4 +111,5 @@ def test_values_follow_the_requests(families: dict[str, Metric]) -> None:
     for cls in ("interactive", "batch"):
         assert value("kvscale:admission_rejections", "_total", reason="queue_full",
                      traffic_class=cls) == 0  # fmt: skip
+        assert value("kvscale:preemptions", "_total", traffic_class=cls) == 0
     assert value("kvscale:admission_queue_wait_seconds", "_count", traffic_class="interactive") == 3

@@ -10,6 +10,7 @@ from kvscale_engine.server.admission import (
     KvFootprint,
     TrafficClass,
     derive_concurrency_limit,
+    engine_priorities,
     parse_duration_s,
     parse_traffic_classes,
 )
@@ -98,6 +99,35 @@ def test_per_class_concurrency_limit() -> None:
     assert ac.offer(2, BATCH, 0.0).outcome == "admit"
     assert ac.release(2, 1.0) == []  # a batch slot does not start the capped waiter
     assert ac.release(0, 1.0) == [1]
+
+
+DEFERRED = TrafficClass("reports", priority=50, max_queue=10, max_queue_wait_s=3600.0,
+                        deadline_s=3600.0)  # fmt: skip
+
+
+def test_a_deferrable_class_ranks_below_every_interactive_one_whatever_its_priority() -> None:
+    low = TrafficClass("backfill", priority=-5, deadline_s=14400.0)
+    ranks = engine_priorities((INTERACTIVE, BATCH, DEFERRED, low))
+    assert ranks["interactive"] == 10 and ranks["batch"] == 0  # interactive classes keep theirs
+    assert ranks["batch"] > ranks["reports"] > ranks["backfill"]  # deferrable: below, in order
+    assert engine_priorities((DEFERRED,)) == {"reports": -1}
+    ac = controller(1, INTERACTIVE, DEFERRED)
+    assert ac.priority_of(DEFERRED) < ac.priority_of(INTERACTIVE)
+
+
+def test_deferred_work_yields_its_places_to_interactive_requests() -> None:
+    ac = controller(2, INTERACTIVE, DEFERRED)
+    assert [ac.offer(t, DEFERRED, 0.0).outcome for t in range(3)] == ["admit", "admit", "queue"]
+    # the limit is reached by deferred work alone: interactive requests are still admitted
+    # (the engine preempts deferred work for them), up to the limit of their own
+    assert [ac.offer(t, INTERACTIVE, 0.0).outcome for t in (10, 11, 12)] == [
+        "admit", "admit", "queue",
+    ]  # fmt: skip
+    # a freed place goes to the interactive waiter first, even though the deferred one is older
+    # and its class's priority number is higher
+    assert ac.release(10, 1.0) == [12]
+    assert ac.release(0, 1.0) == [] and ac.release(11, 1.0) == []
+    assert ac.release(12, 1.0) == [2]
 
 
 def test_predicted_wait_past_the_deadline_is_refused_at_once() -> None:

@@ -60,6 +60,9 @@ def valid(value: Any, schema: dict[str, Any]) -> bool:
             return False
     if "minimum" in schema and _is_type(value, "number") and not value >= schema["minimum"]:
         return False
+    bound = schema.get("exclusiveMinimum")
+    if bound is not None and _is_type(value, "number") and not value > bound:
+        return False
     if "pattern" in schema and isinstance(value, str) and not re.search(schema["pattern"], value):
         return False
     if isinstance(value, list):
@@ -199,6 +202,13 @@ def test_the_engine_and_the_router_accept_what_the_schema_accepts(document: Any)
         ([{"maxQueueWaitSeconds": None}], False),
         ([{"colour": "blue"}], False),
         ([{"max_queue_length": 3, "Max_Queue_Wait": "1s"}], True),
+        ([{"name": "chat"}, {"name": "batch", "deadlineSeconds": 3600}], True),
+        ([{"deadlineSeconds": 0.5}], True),
+        ([{"deadlineSeconds": None}], True),  # interactive
+        ([{"deadlineSeconds": 0}], False),
+        ([{"deadlineSeconds": -60}], False),
+        ([{"deadlineSeconds": "1h"}], False),
+        ([{"deadlineSeconds": True}], False),
     ],
 )
 def test_named_documents(document: Any, ok: bool) -> None:

@@ -53,10 +53,14 @@ class LLMEngine:
         params: SamplingParams,
         priority: int = 0,
         arrival_time: float | None = None,
+        traffic_class: str = "",
+        preemptible: bool = False,
     ) -> None:
         self._validate(request_id, prompt_token_ids, params)
         arrival = time.monotonic() if arrival_time is None else arrival_time
-        seq = Sequence(request_id, prompt_token_ids, params, priority, arrival)
+        seq = Sequence(
+            request_id, prompt_token_ids, params, priority, arrival, traffic_class, preemptible
+        )
         self.requests[request_id] = seq
         self.scheduler.add(seq)
         self.prompt_tokens += len(prompt_token_ids)
@@ -85,6 +89,7 @@ class LLMEngine:
             num_total_blocks=bm.num_total_blocks,
             num_free_blocks=bm.num_free_blocks,
             num_preemptions=self.scheduler.num_preemptions,
+            preemptions_by_class=dict(self.scheduler.preemptions_by_class),
             prefix_cache_queries=bm.prefix_cache_queries,
             prefix_cache_hits=bm.prefix_cache_hits,
             prompt_tokens=self.prompt_tokens,

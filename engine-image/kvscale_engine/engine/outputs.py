@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from kvscale_engine.engine.sequence import FinishReason
 
@@ -36,6 +37,7 @@ class EngineStats:
     block_size: int
     kv_allocated_slots: int
     kv_used_slots: int
+    preemptions_by_class: Mapping[str, int] = field(default_factory=dict)  # by victim class
 
     @property
     def kv_cache_usage(self) -> float:

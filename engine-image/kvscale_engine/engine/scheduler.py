@@ -4,13 +4,15 @@ Running sequences go first (decodes and unfinished prefill chunks), most importa
 waiting ones in priority order. A long prompt is split into chunks that fit the token budget, so it
 cannot stall decoding. When blocks run out the least important running sequence (the newest
 within its priority) is preempted by recompute and put back at the head of the waiting queue.
+Preemptible sequences (deferred work) also make way for a more important arrival that cannot
+start: it would otherwise wait for them to finish, since waiting sequences never preempt.
 Queues change only in `schedule()` and `postprocess()` (and `abort`). No torch here.
 """
 
 from __future__ import annotations
 
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -62,6 +64,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
+        self.preemptions_by_class: Counter[str] = Counter()  # by the victim's traffic class
         self.generation_tokens = 0
         self.computed_tokens = 0
 
@@ -73,6 +76,7 @@ class Scheduler:
 
     def schedule(self) -> ScheduledBatch:
         batch = ScheduledBatch()
+        self._make_way()
         budget = self._schedule_running(batch, self.config.max_num_batched_tokens)
         if self.config.scheduling == "continuous" or not self.running:
             self._admit_waiting(batch, budget)
@@ -153,6 +157,28 @@ class Scheduler:
             batch.seqs.append(ScheduledSeq.of(seq, computed, num_new))
             budget -= num_new
 
+    def _make_way(self) -> None:
+        """Preempt preemptible running sequences of lower priority, least important and newest
+        first, until the most important waiting sequence that is not preemptible could start."""
+        arrivals = [s for s in self.waiting if not s.preemptible]
+        if not arrivals:
+            return
+        head = max(arrivals, key=lambda s: (s.priority, -s.arrival_time))
+        while True:
+            victims = [s for s in self.running if s.preemptible and s.priority < head.priority]
+            if not victims or self._could_start(head):
+                return
+            self._preempt(min(victims, key=lambda s: (s.priority, -s.arrival_time)))
+
+    def _could_start(self, seq: Sequence) -> bool:
+        if len(self.running) >= self.config.max_num_seqs:
+            return False
+        bm = self.block_manager
+        prefix = bm.lookup_prefix(seq)
+        computed = len(prefix) * bm.block_size
+        first = min(seq.num_tokens - computed, self.config.max_num_batched_tokens)
+        return bm.can_allocate(seq, computed + first, prefix)
+
     def _admission_order(self) -> list[Sequence]:
         """Higher priority first; waiting ages a sequence up one class every N steps."""
         aging = self.config.priority_aging_steps
@@ -164,6 +190,7 @@ class Scheduler:
         seq.reset_for_recompute()
         self.waiting.appendleft(seq)
         self.num_preemptions += 1
+        self.preemptions_by_class[seq.traffic_class] += 1
 
     def _finish(self, seq: Sequence, reason: FinishReason) -> None:
         self.running.remove(seq)

@@ -30,6 +30,8 @@ class Sequence:
         params: SamplingParams,
         priority: int = 0,
         arrival_time: float = 0.0,
+        traffic_class: str = "",
+        preemptible: bool = False,
     ) -> None:
         self.request_id = request_id
         self.token_ids = list(prompt_token_ids)
@@ -37,6 +39,8 @@ class Sequence:
         self.params = params
         self.priority = priority
         self.arrival_time = arrival_time
+        self.traffic_class = traffic_class  # a label, for counting preemptions by class
+        self.preemptible = preemptible  # deferred work: a more important arrival may preempt it
         self.status = SequenceStatus.WAITING
         self.block_table: list[int] = []
         self.num_computed_tokens = 0

@@ -9,7 +9,10 @@ engine's preemption absorbs the long tail); each class has its own limit, queue 
 queue wait.
 
 Pure logic: time is passed in, nothing here blocks or sleeps. Higher `priority` is served first,
-as in the LLMEndpoint spec and the engine's scheduler.
+as in the LLMEndpoint spec and the engine's scheduler. A deferrable class (`deadlineSeconds`) ranks
+below every interactive class whatever its own priority (`engine_priorities`), and its requests
+do not count against the replica-wide limit an interactive request is admitted under: the engine
+preempts deferred work to make room for it.
 
 The --traffic-classes format is defined once, in engine-image/traffic-classes.schema.json; the
 router parses the same flag with its own code (the packages may not import each other), and
@@ -42,6 +45,7 @@ class TrafficClass:
     max_concurrency: int | None = None  # None: only the replica-wide limit applies
     max_queue: int = 256
     max_queue_wait_s: float = 10.0
+    deadline_s: float | None = None  # set: deferrable, ranked below every interactive class
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not re.fullmatch(r"[A-Za-z0-9_.-]{1,63}", self.name):
@@ -52,6 +56,12 @@ class TrafficClass:
             raise AdmissionConfigError(f"{self.name}: maxQueue must be >= 0")
         if not self.max_queue_wait_s >= 0:
             raise AdmissionConfigError(f"{self.name}: maxQueueWait must be >= 0")
+        if self.deadline_s is not None and not 0 < self.deadline_s < math.inf:
+            raise AdmissionConfigError(f"{self.name}: deadlineSeconds must be a number > 0")
+
+    @property
+    def deferrable(self) -> bool:
+        return self.deadline_s is not None
 
 
 @dataclass(frozen=True)
@@ -121,6 +131,11 @@ class AdmissionController:
             raise AdmissionConfigError(f"concurrency limit must be >= 1, got {self.limit}")
         self._queues = {c.name: deque() for c in self.classes}
         self._per_class = {c.name: 0 for c in self.classes}
+        self._rank = engine_priorities(self.classes)
+
+    def priority_of(self, traffic_class: TrafficClass) -> int:
+        """The priority the engine runs the class's requests at."""
+        return self._rank[traffic_class.name]
 
     def resolve(self, name: str | None) -> TrafficClass:
         """The class a request names, or the default for a missing or unknown name."""
@@ -174,7 +189,7 @@ class AdmissionController:
     def dispatch(self, now: float) -> list[int]:
         """Start queued tickets while there are free slots, most important class first."""
         started: list[int] = []
-        for cls in sorted(self.classes, key=lambda c: -c.priority):
+        for cls in sorted(self.classes, key=lambda c: -self._rank[c.name]):
             queue = self._queues[cls.name]
             while queue and self._can_start(cls):
                 waiter = queue.popleft()
@@ -197,9 +212,8 @@ class AdmissionController:
         return (self._ahead(traffic_class) + 1) * per_position
 
     def _ahead(self, traffic_class: TrafficClass) -> int:
-        return sum(
-            len(self._queues[c.name]) for c in self.classes if c.priority >= traffic_class.priority
-        )
+        rank = self._rank[traffic_class.name]
+        return sum(len(self._queues[c.name]) for c in self.classes if self._rank[c.name] >= rank)
 
     def start_draining(self) -> None:
         self.draining = True
@@ -236,13 +250,30 @@ class AdmissionController:
         return max(1, min(limits)) if limits else max(1, self.in_flight)
 
     def _can_start(self, cls: TrafficClass) -> bool:
-        if self.limit is not None and self.in_flight >= self.limit:
+        if self.limit is not None and self._counted(cls) >= self.limit:
             return False
         return cls.max_concurrency is None or self._per_class[cls.name] < cls.max_concurrency
+
+    def _counted(self, cls: TrafficClass) -> int:
+        """Requests in flight that hold a place `cls` would need (deferred work yields its own
+        to interactive requests)."""
+        if cls.deferrable:
+            return self.in_flight
+        return sum(n for c, n in self._per_class.items() if not self._by_name[c].deferrable)
 
     def _start(self, ticket: int, cls: TrafficClass, now: float) -> None:
         self._running[ticket] = _Running(cls, now)
         self._per_class[cls.name] += 1
+
+
+def engine_priorities(classes: Iterable[TrafficClass]) -> dict[str, int]:
+    """Per class, the priority its requests run at: an interactive class's own; deferrable classes
+    below the least important interactive one, in their own order."""
+    classes = tuple(classes)
+    interactive = [c.priority for c in classes if not c.deferrable]
+    deferrable = [c.priority for c in classes if c.deferrable]
+    floor, top = min(interactive, default=0) - 1, max(deferrable, default=0)
+    return {c.name: floor - (top - c.priority) if c.deferrable else c.priority for c in classes}
 
 
 def derive_concurrency_limit(
@@ -309,6 +340,7 @@ _KEYS = {
     "maxqueuewait": "max_queue_wait_s",
     "maxqueuewaits": "max_queue_wait_s",
     "maxqueuewaitseconds": "max_queue_wait_s",
+    "deadlineseconds": "deadline_s",
 }
 
 
@@ -321,8 +353,12 @@ def traffic_class_from_mapping(raw: Mapping[str, Any]) -> TrafficClass:
             raise AdmissionConfigError(f"unknown traffic class field {key!r}")
         if target == "max_queue_wait_s":
             value = parse_duration_s(value)
-        elif target == "max_concurrency" and value is None:
-            pass  # only the replica-wide limit applies
+        elif target in ("max_concurrency", "deadline_s") and value is None:
+            pass  # only the replica-wide limit applies; an interactive class
+        elif target == "deadline_s" and value is not None:
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise AdmissionConfigError(f"{key} must be a number of seconds, got {value!r}")
+            value = float(value)
         elif target != "name" and not _is_int(value):
             raise AdmissionConfigError(f"{key} must be an integer, got {value!r}")
         fields[target] = value

@@ -85,7 +85,7 @@ class AdmissionQueue:
         """Admission as the server's settings ask: off, pinned, or following request lengths."""
         if not config.admission:
             unlimited = tuple(
-                TrafficClass(c.name, c.priority, None, 1 << 30, float("inf"))
+                TrafficClass(c.name, c.priority, None, 1 << 30, float("inf"), c.deadline_s)
                 for c in config.traffic_classes
             )
             return cls(AdmissionController(unlimited, None), metrics, pool)

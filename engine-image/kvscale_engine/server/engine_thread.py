@@ -31,6 +31,8 @@ class _Add:
     params: SamplingParams
     priority: int
     arrival_time: float
+    traffic_class: str
+    preemptible: bool
 
 
 @dataclass(frozen=True)
@@ -75,13 +77,18 @@ class EngineThread:
         priority: int,
         arrival_time: float,
         stream: asyncio.Queue[Item] | None = None,
+        traffic_class: str = "",
+        preemptible: bool = False,
     ) -> asyncio.Queue[Item]:
         """Queue a request for the next step; its outputs go to `stream` (a new queue if None)."""
         if self.error is not None:
             raise RuntimeError("the engine failed earlier") from self.error
         stream = asyncio.Queue() if stream is None else stream
         self._streams[request_id] = stream
-        self._adds.append(_Add(request_id, prompt_token_ids, params, priority, arrival_time))
+        self._adds.append(
+            _Add(request_id, prompt_token_ids, params, priority, arrival_time, traffic_class,
+                 preemptible)
+        )  # fmt: skip
         self._wake.set()
         return stream
 
@@ -125,8 +132,9 @@ class EngineThread:
         for a in adds:
             try:
                 engine.add_request(
-                    a.request_id, a.prompt_token_ids, a.params, a.priority, a.arrival_time
-                )
+                    a.request_id, a.prompt_token_ids, a.params, a.priority, a.arrival_time,
+                    a.traffic_class, a.preemptible,
+                )  # fmt: skip
             except ValueError as exc:
                 failed.append((a.request_id, exc))
         for request_id in aborts:

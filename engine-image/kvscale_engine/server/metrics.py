@@ -8,7 +8,7 @@ engine alike. kvscale's own series (KV blocks, admission) carry a `kvscale:` pre
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -62,6 +62,7 @@ class StatsSnapshot:
     prefix_cache_hits: int
     prompt_tokens: int
     generation_tokens: int
+    preemptions_by_class: Mapping[str, int] = field(default_factory=dict)  # by the victim's
 
 
 @dataclass(frozen=True)
@@ -168,6 +169,12 @@ class EngineMetrics:
         self.ready = gauge(
             "kvscale:ready", "1 when the server is loaded, warmed up and not draining."
         )
+        self.class_preemptions = counter(
+            "kvscale:preemptions",
+            "Preemptions by the victim's traffic class (deferred work preempted by interactive "
+            "arrivals, or any class when KV blocks run out); vllm:num_preemptions is their sum.",
+            "traffic_class",
+        )  # fmt: skip
         self._touch(traffic_classes)
 
     # every series carries the model and engine labels, on this app's registry
@@ -197,6 +204,7 @@ class EngineMetrics:
             self.queue_wait.labels(*self._labels, name)
             self.admission_queued.labels(*self._labels, name)
             self.admission_in_flight.labels(*self._labels, name)
+            self.class_preemptions.labels(*self._labels, name)
             for reason in ADMISSION_REASONS:
                 self.admission_rejections.labels(*self._labels, reason, name)
 
@@ -229,6 +237,10 @@ class EngineMetrics:
             delta = now - (before or 0)
             if delta > 0:
                 counter.labels(*lab).inc(delta)
+        for name, count in stats.preemptions_by_class.items():
+            delta = count - (last.preemptions_by_class.get(name, 0) if last else 0)
+            if delta > 0:
+                self.class_preemptions.labels(*lab, name or "default").inc(delta)
         self._last = stats
 
     def observe_first_token(self, ttft_s: float) -> None:

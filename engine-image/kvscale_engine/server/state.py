@@ -197,13 +197,16 @@ class ServerState:
             for index, p in enumerate(params):
                 request_id = f"{base}-{index}"
                 gen.tracks[request_id] = Track(index)
+                cls = admitted.traffic_class
                 loop.add(
                     request_id,
                     prompt_token_ids,
                     p,
-                    admitted.traffic_class.priority,
+                    self.queue.controller.priority_of(cls),
                     admitted.arrival,
                     stream=stream,
+                    traffic_class=cls.name,
+                    preemptible=cls.deferrable,
                 )
         except BaseException:
             gen.close()  # aborts the choices already added and releases the slot
@@ -224,6 +227,7 @@ class ServerState:
                 num_free_blocks=stats.num_free_blocks,
                 kv_cache_usage=stats.kv_cache_usage,
                 num_preemptions=stats.num_preemptions,
+                preemptions_by_class=stats.preemptions_by_class,
                 prefix_cache_queries=stats.prefix_cache_queries,
                 prefix_cache_hits=stats.prefix_cache_hits,
                 prompt_tokens=stats.prompt_tokens,

@@ -88,6 +88,53 @@ def test_preemption_evicts_the_lowest_priority_before_a_newer_urgent_request() -
     assert urgent.status is SequenceStatus.RUNNING and urgent.num_output_tokens == 2
 
 
+def deferred(s: Scheduler, rid: str, n: int, max_tokens: int = 8, arrival: float = 0.0) -> Sequence:
+    seq = Sequence(rid, [hash((rid, i)) % 50 for i in range(n)],
+                   SamplingParams(max_tokens=max_tokens), -1, arrival, "batch", True)  # fmt: skip
+    s.add(seq)
+    return seq
+
+
+def test_an_interactive_arrival_preempts_deferred_work_to_start_at_once() -> None:
+    s, runner = make(num_blocks=4)
+    old = deferred(s, "old", 7, arrival=1.0)
+    new = deferred(s, "new", 7, arrival=2.0)
+    step(s, runner)  # both deferred requests hold 2 blocks each: the pool is full
+    urgent = add(s, "interactive", 7, max_tokens=8, priority=0, arrival=3.0)
+    step(s, runner)  # it cannot start without the newest deferred request's blocks
+    assert urgent.status is SequenceStatus.RUNNING and urgent.num_output_tokens == 1
+    assert new.status is SequenceStatus.WAITING and old.status is SequenceStatus.RUNNING
+    assert s.num_preemptions == 1 and s.preemptions_by_class == {"batch": 1}
+
+
+def test_a_full_batch_of_deferred_work_makes_way_for_an_arrival() -> None:
+    s, runner = make(num_blocks=64, max_num_seqs=2)
+    deferred(s, "a", 3, arrival=1.0)
+    deferred(s, "b", 3, arrival=2.0)
+    step(s, runner)
+    urgent = add(s, "interactive", 3, priority=0, arrival=3.0)
+    step(s, runner)
+    assert urgent.status is SequenceStatus.RUNNING and s.preemptions_by_class == {"batch": 1}
+
+
+def test_only_preemptible_work_of_lower_priority_makes_way() -> None:
+    s, runner = make(num_blocks=4)
+    add(s, "a", 7, max_tokens=8, priority=0, arrival=1.0)
+    add(s, "b", 7, max_tokens=8, priority=0, arrival=2.0)
+    step(s, runner)  # two interactive requests fill the pool: nobody is preempted for a third
+    waiting = add(s, "c", 7, max_tokens=8, priority=5, arrival=3.0)
+    step(s, runner)
+    assert waiting.status is SequenceStatus.WAITING and s.num_preemptions == 0
+    # deferred work that arrives waits behind, and never preempts anything itself
+    s2, runner2 = make(num_blocks=4)
+    deferred(s2, "x", 7, arrival=1.0)
+    deferred(s2, "y", 7, arrival=2.0)
+    step(s2, runner2)
+    late = deferred(s2, "z", 7, arrival=3.0)
+    step(s2, runner2)
+    assert late.status is SequenceStatus.WAITING and s2.num_preemptions == 0
+
+
 def test_within_a_priority_the_newest_arrival_is_preempted() -> None:
     s, runner = make(num_blocks=6)
     old_batch = add(s, "old-batch", 7, max_tokens=8, priority=0, arrival=1.0)

@@ -35,6 +35,15 @@ def test_bad_weights_are_refused(text: str) -> None:
         parse_weights(text)
 
 
+def test_token_budgets_are_optional_and_checked() -> None:
+    assert parse_weights('{"weights": {"a": 1}}').token_budgets == {}
+    published = parse_weights('{"weights": {"a": 1}, "tokenBudgets": {"a": 4096, "b": 0}}')
+    assert published.token_budgets == {"a": 4096.0, "b": 0.0}
+    for bad in ("[1]", '{"a": -1}', '{"a": "9"}', '{"a": Infinity}', '{"a": false}'):
+        with pytest.raises(WeightsError):
+            parse_weights(f'{{"weights": {{}}, "tokenBudgets": {bad}}}')
+
+
 def test_unweighted_pods_join_after_the_warmup() -> None:
     published = Published({"a": 0.3})
     assert effective_weight("a", 0.0, published, 10) == 0.3
