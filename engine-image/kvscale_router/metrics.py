@@ -1,4 +1,4 @@
-"""Every metric the router exports, under `kvscale_router:`, in one registry per app."""
+"""Every metric the router exports, under `kvscale_router_`, in one registry per app."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ class RouterMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        p = "kvscale_router:"
+        p = "kvscale_router_"
         self.requests = Counter(
             f"{p}requests", "Requests answered, by replica and HTTP status (replica is empty "
             "when the router answered itself)", ["replica", "code"], registry=r)  # fmt: skip

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable, Iterable
 from socketserver import ThreadingMixIn
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
@@ -19,7 +18,7 @@ from kvscale.controllers.capacity import Decision
 from kvscale.signals.snapshot import Snapshot
 
 LABELS = ("namespace", "endpoint")
-PREFIX = "kvscale_operator:"
+PREFIX = "kvscale_operator_"
 
 
 class _Server(ThreadingMixIn, WSGIServer):
@@ -29,20 +28,6 @@ class _Server(ThreadingMixIn, WSGIServer):
 class _QuietHandler(WSGIRequestHandler):
     def log_message(self, *args: Any) -> None:
         """Scrapes every few seconds are not worth a log line."""
-
-
-def text_format_only(app: Callable[..., Iterable[bytes]]) -> Callable[..., Iterable[bytes]]:
-    """`app` answering every scrape in the Prometheus text format.
-
-    prometheus_client escapes the colon of `kvscale_operator:*` names to `_` when it answers in
-    OpenMetrics (which Prometheus asks for first); the text format keeps the names, as the
-    engines' and routers' /metrics do.
-    """
-
-    def plain(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
-        return app({**environ, "HTTP_ACCEPT": "text/plain; version=0.0.4"}, start_response)
-
-    return plain
 
 
 class OperatorMetrics:
@@ -62,7 +47,10 @@ class OperatorMetrics:
         self.capacity = gauge(
             "replica_capacity_tokens_per_second", "Learned per-replica capacity within the SLO"
         )
-        self.attainment = gauge("slo_attainment", "Share of recent intervals within the SLO")
+        self.attainment = gauge(
+            "slo_interval_attainment_ratio",
+            "Share of recent capacity intervals whose p99s were within the SLO targets (0..1)",
+        )
         self.metrics_available = gauge("metrics_available", "1 when the signals are usable")
         self.capacity_limited = gauge("capacity_limited", "1 when replicas cannot be scheduled")
         self.cost_per_request = gauge(
@@ -75,13 +63,16 @@ class OperatorMetrics:
             (*LABELS, "reason"),
             registry=r,
         )
-        self.gpu_hours = Counter(
-            PREFIX + "gpu_hours", "GPU-hours spent by the endpoint's replicas", LABELS, registry=r
+        self.gpu_seconds = Counter(
+            PREFIX + "gpu_seconds",
+            "GPU-seconds spent by the endpoint's replicas",
+            LABELS,
+            registry=r,
         )
 
     def serve(self, port: int) -> int:
         """Serve /metrics on `port` (0: any free port); returns the port."""
-        app = text_format_only(make_wsgi_app(self.registry))
+        app = make_wsgi_app(self.registry)
         self._server = make_server("", port, app, _Server, handler_class=_QuietHandler)
         threading.Thread(target=self._server.serve_forever, daemon=True).start()
         return int(self._server.server_port)
@@ -115,7 +106,7 @@ class OperatorMetrics:
         if cost_per_request is not None:
             self.cost_per_request.labels(*key).set(cost_per_request)
         if gpu_hours > 0:
-            self.gpu_hours.labels(*key).inc(gpu_hours)
+            self.gpu_seconds.labels(*key).inc(gpu_hours * 3600)
         if changed:
             self.decisions.labels(*key, decision.reason).inc()
 

@@ -36,12 +36,12 @@ EXPECTED: dict[str, tuple[str, list[float] | None]] = {
     "vllm:request_prompt_tokens": ("histogram", TOKENS),
     "vllm:request_generation_tokens": ("histogram", TOKENS),
     "vllm:cache_config_info": ("gauge", None),
-    "kvscale:kv_blocks_total": ("gauge", None),
-    "kvscale:kv_blocks_free": ("gauge", None),
-    "kvscale:admission_rejections": ("counter", None),
-    "kvscale:admission_queue_wait_seconds": ("histogram", TTFT),
-    "kvscale:admission_queue_depth": ("gauge", None),
-    "kvscale:admission_in_flight": ("gauge", None),
+    "kvscale_engine_kv_blocks": ("gauge", None),
+    "kvscale_engine_kv_blocks_free": ("gauge", None),
+    "kvscale_engine_admission_rejections": ("counter", None),
+    "kvscale_engine_admission_queue_wait_seconds": ("histogram", TTFT),
+    "kvscale_engine_admission_queue_depth": ("gauge", None),
+    "kvscale_engine_admission_in_flight": ("gauge", None),
 }
 
 
@@ -103,11 +103,14 @@ def test_values_follow_the_requests(families: dict[str, Metric]) -> None:
     )
     assert 0 < value("vllm:prefix_cache_hits", "_total") < queries  # the shared prefix, in tokens
     assert 0.0 <= value("vllm:kv_cache_usage_perc") <= 1.0
-    assert value("kvscale:kv_blocks_free") == value("kvscale:kv_blocks_total") == 256
+    assert value("kvscale_engine_kv_blocks_free") == value("kvscale_engine_kv_blocks") == 256
     assert value("vllm:num_requests_running") == 0
     info = families["vllm:cache_config_info"].samples[0].labels
     assert info["block_size"] == "16" and info["num_gpu_blocks"] == "256"
     for cls in ("interactive", "batch"):
-        assert value("kvscale:admission_rejections", "_total", reason="queue_full",
+        assert value("kvscale_engine_admission_rejections", "_total", reason="queue_full",
                      traffic_class=cls) == 0  # fmt: skip
-    assert value("kvscale:admission_queue_wait_seconds", "_count", traffic_class="interactive") == 3
+    assert (
+        value("kvscale_engine_admission_queue_wait_seconds", "_count", traffic_class="interactive")
+        == 3
+    )

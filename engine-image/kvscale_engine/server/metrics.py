@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 LABELS = ("model_name", "engine")
+PREFIX = "kvscale_engine_"  # kvscale's own series; vLLM's keep their `vllm:` names
 FINISH_REASONS = ("stop", "length", "abort")
 ADMISSION_REASONS = ("queue_full", "deadline", "timeout", "draining")
 
@@ -141,32 +142,30 @@ class EngineMetrics:
             [*CACHE_INFO_LABELS, "engine"], registry=self.registry,
         )  # fmt: skip
         # kvscale's own
-        self.kv_blocks_total = gauge(
-            "kvscale:kv_blocks_total", "KV-cache blocks the engine allocated."
-        )
+        self.kv_blocks_total = gauge(PREFIX + "kv_blocks", "KV-cache blocks the engine allocated.")
         self.kv_blocks_free = gauge(
-            "kvscale:kv_blocks_free", "KV-cache blocks free (including evictable cached blocks)."
+            PREFIX + "kv_blocks_free", "KV-cache blocks free (including evictable cached blocks)."
         )
         self.admission_rejections = counter(
-            "kvscale:admission_rejections",
+            PREFIX + "admission_rejections",
             "Requests refused by admission control, by reason and traffic class.",
             "reason", "traffic_class",
         )  # fmt: skip
         self.queue_wait = histogram(
-            "kvscale:admission_queue_wait_seconds",
+            PREFIX + "admission_queue_wait_seconds",
             "Time admitted requests waited in the admission queue, by traffic class.",
             TTFT_BUCKETS, "traffic_class",
         )  # fmt: skip
         self.admission_queued = gauge(
-            "kvscale:admission_queue_depth", "Requests waiting for admission, by traffic class.",
+            PREFIX + "admission_queue_depth", "Requests waiting for admission, by traffic class.",
             "traffic_class",
         )  # fmt: skip
         self.admission_in_flight = gauge(
-            "kvscale:admission_in_flight", "Admitted requests in the engine, by traffic class.",
+            PREFIX + "admission_in_flight", "Admitted requests in the engine, by traffic class.",
             "traffic_class",
         )  # fmt: skip
         self.ready = gauge(
-            "kvscale:ready", "1 when the server is loaded, warmed up and not draining."
+            PREFIX + "ready", "1 when the server is loaded, warmed up and not draining."
         )
         self._touch(traffic_classes)
 

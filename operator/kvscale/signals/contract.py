@@ -71,7 +71,8 @@ COUNTERS: dict[CounterKey, Spelling] = {
     # a draining replica refuses by design: that is not demand the fleet failed to carry.
     # vLLM (0.32) counts refusals only when a queue limit is set (--max-num-queued-reqs/-tokens)
     CounterKey.REFUSALS: Spelling(
-        ("kvscale:admission_rejections", "vllm:admission_rejections"), (("reason", "draining"),)
+        ("kvscale_engine_admission_rejections", "vllm:admission_rejections"),
+        (("reason", "draining"),),
     ),
 }
 
@@ -92,7 +93,7 @@ GAUGES: dict[GaugeKey, Spelling] = {
     ),
     # not SGLang's cache_hit_rate: that is the last prefill batch's, and decode steps zero it
     GaugeKey.PREFIX_HIT_RATE: Spelling(("vllm:gpu_prefix_cache_hit_rate",), combine="mean"),
-    GaugeKey.PENDING: Spelling(("kvscale_router:pending_requests",)),
+    GaugeKey.PENDING: Spelling(("kvscale_router_pending_requests",)),
 }
 
 HISTOGRAMS: dict[HistogramKey, Spelling] = {
