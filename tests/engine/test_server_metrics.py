@@ -11,6 +11,8 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 from server_fixtures import MODEL, LiveServer, live_server
 
+from kvscale_engine.server.metrics import version
+
 CLASSES = '[{"name": "interactive", "priority": 10}, {"name": "batch", "priority": 0}]'
 TTFT = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
         10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0]  # fmt: skip
@@ -114,3 +116,8 @@ def test_values_follow_the_requests(families: dict[str, Metric]) -> None:
         value("kvscale_engine_admission_queue_wait_seconds", "_count", traffic_class="interactive")
         == 3
     )
+
+
+def test_build_info_names_the_version(families: dict[str, Metric]) -> None:
+    (sample,) = families["kvscale_engine_build_info"].samples
+    assert sample.value == 1 and sample.labels["version"] == version()

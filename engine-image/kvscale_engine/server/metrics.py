@@ -7,8 +7,10 @@ engine alike. kvscale's own series (KV blocks, admission) carry a `kvscale:` pre
 
 from __future__ import annotations
 
+import platform
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from importlib import metadata
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -47,6 +49,14 @@ def build_1_2_5_buckets(max_value: int) -> tuple[float, ...]:
                 return tuple(buckets)
             buckets.append(float(mantissa * scale))
         scale *= 10
+
+
+def version() -> str:
+    """kvscale's installed version ("unknown" when run from a tree that is not installed)."""
+    try:
+        return metadata.version("kvscale")
+    except metadata.PackageNotFoundError:
+        return "unknown"
 
 
 @dataclass(frozen=True)
@@ -167,6 +177,11 @@ class EngineMetrics:
         self.ready = gauge(
             PREFIX + "ready", "1 when the server is loaded, warmed up and not draining."
         )
+        self.build_info = Gauge(
+            PREFIX + "build_info", "1, labelled with the engine's version.",
+            ["version", "python_version"], registry=self.registry,
+        )  # fmt: skip
+        self.build_info.labels(version(), platform.python_version()).set(1)
         self._touch(traffic_classes)
 
     # every series carries the model and engine labels, on this app's registry
