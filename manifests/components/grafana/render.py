@@ -195,28 +195,32 @@ ROWS: list[tuple[str, list[dict[str, Any]]]] = [
                 ],
             ),
             panel(
-                "Requests within the SLO",
+                "Good share (SLI)",
                 "percentunit",
                 [
                     (
-                        f"1 - kvscale_endpoint:slo_errors:ratio_rate5m{{{S}}}",
-                        "{{endpoint}} {{sli}} (5 min)",
+                        f"1 - kvscale_endpoint:slo_bad_share:ratio_rate5m{{{S}}}",
+                        "{{endpoint}} good {{sli}} (5 min)",
                     ),
-                    (f"kvscale_endpoint:slo_attainment_target{{{S}}}", "{{endpoint}} target"),
+                    (f"kvscale_endpoint:slo_good_share_target{{{S}}}", "{{endpoint}} target"),
                     (
                         f"kvscale_operator_slo_interval_attainment_ratio{{{S}}}",
                         "{{endpoint}} intervals within the p99 targets (operator)",
                     ),
                 ],
+                "Good requests: answered (not refused, not failed) with the first token within "
+                "the TTFT target; good token intervals: within the ITL target. The operator's "
+                "line is another measure, status.slo's: the share of capacity intervals whose "
+                "p99s met the targets.",
             ),
             panel(
                 "Error budget burn rate (1 h)",
                 "none",
                 [
                     (
-                        f"kvscale_endpoint:slo_errors:ratio_rate1h{{{S}}}"
+                        f"kvscale_endpoint:slo_bad_share:ratio_rate1h{{{S}}}"
                         " / on (namespace, endpoint) group_left ()"
-                        f" (1 - kvscale_endpoint:slo_attainment_target{{{S}}})",
+                        f" (1 - kvscale_endpoint:slo_good_share_target{{{S}}})",
                         "{{endpoint}} {{sli}}",
                     )
                 ],
