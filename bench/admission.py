@@ -108,7 +108,7 @@ def _counter(samples: Any, name: str) -> dict[str, float]:
 
 def _burst_summary(result: loadtest.LoadTestResult, slo_s: float) -> dict[str, Any]:
     records = result.records
-    by_reason = _counter(result.after, "kvscale:admission_rejections_total")
+    by_reason = _counter(result.after, "kvscale_engine_admission_rejections_total")
     ttfts = _ttfts(records)
     refused = [r.e2e_s for r in records if r.refused]
     within = sum(t <= slo_s for t in ttfts)
@@ -242,7 +242,7 @@ def _concurrency_summary(result: loadtest.LoadTestResult) -> dict[str, Any]:
     done = [r for r in result.records if r.ok]
     tokens = sum(r.output_tokens for r in done)
     in_flight = [
-        sum(samples.get("kvscale:admission_in_flight", {}).values())
+        sum(samples.get("kvscale_engine_admission_in_flight", {}).values())
         for _, samples in result.timeline
     ]
     preemptions = result.after.get("vllm:num_preemptions_total", {})

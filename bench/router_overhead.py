@@ -5,7 +5,7 @@ Poisson load of streamed completions at 200 requests/s, alternately direct and t
 router (another process), interleaved in rounds so that other load on the machine hits both
 sides alike. Added time is the difference of the percentiles of time to first byte (router
 minus direct), as a client sees it; the router's own histogram
-(`kvscale_router:added_latency_seconds`) is reported next to it.
+(`kvscale_router_added_latency_seconds`) is reported next to it.
 The upstream is deliberately not the engine: a CPU engine cannot answer 200 requests/s, and a
 slow upstream would hide the router's cost in its noise.
 """
@@ -191,10 +191,10 @@ def pct(values: list[float], q: float) -> float:
 
 
 def _histogram_quantiles(metrics: str) -> dict[str, float | None]:
-    """p50/p99 of kvscale_router:added_latency_seconds from its buckets (upper bounds)."""
+    """p50/p99 of kvscale_router_added_latency_seconds from its buckets (upper bounds)."""
     buckets: list[tuple[float, float]] = []
     for line in metrics.splitlines():
-        if line.startswith("kvscale_router:added_latency_seconds_bucket"):
+        if line.startswith("kvscale_router_added_latency_seconds_bucket"):
             le = line.split('le="')[1].split('"')[0]
             buckets.append((float("inf") if le == "+Inf" else float(le), float(line.split()[-1])))
     total = buckets[-1][1] if buckets else 0.0

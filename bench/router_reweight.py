@@ -143,14 +143,14 @@ async def trial(session: aiohttp.ClientSession, router: str, hot: str, hot_url: 
             async with session.post(f"{hot_url}/v1/completions", json=body) as resp:
                 await resp.read()
 
-    picks_before = await gauge(session, router, "kvscale_router:picks_total")
+    picks_before = await gauge(session, router, "kvscale_router_picks_total")
     t0 = time.monotonic()
     burst = asyncio.gather(*(pinned() for _ in range(p["burst"])))
     dropped = drained = None
     waited_once = False
     while dropped is None or drained is None:
         now = time.monotonic() - t0
-        weight = (await gauge(session, router, "kvscale_router:replica_weight")).get(
+        weight = (await gauge(session, router, "kvscale_router_replica_weight")).get(
             f'{{replica="{hot}"}}', 1.0
         )
         waiting = (await gauge(session, hot_url, "vllm:num_requests_waiting")).get(
@@ -165,7 +165,7 @@ async def trial(session: aiohttp.ClientSession, router: str, hot: str, hot_url: 
             break  # without the loop the weight never drops
         await asyncio.sleep(0.05)
     await burst
-    picks_after = await gauge(session, router, "kvscale_router:picks_total")
+    picks_after = await gauge(session, router, "kvscale_router_picks_total")
     to_hot = sum(v - picks_before.get(k, 0.0) for k, v in picks_after.items() if hot in k)
     total = sum(v - picks_before.get(k, 0.0) for k, v in picks_after.items())
     share = round(to_hot / total, 3) if total else None

@@ -116,7 +116,7 @@ def smoke(image: str, work: Path) -> dict[str, Any]:
         engine_metrics = httpx.get(f"{engine_url}/metrics", timeout=10).text
         out["router_metrics_families"] = sorted({
             line.split()[2] for line in router_metrics.splitlines()
-            if line.startswith("# TYPE kvscale_router:")
+            if line.startswith("# TYPE kvscale_router_")
         })  # fmt: skip
         out["engine_vllm_metrics_samples"] = sum(
             1 for line in engine_metrics.splitlines() if line.startswith("vllm:")

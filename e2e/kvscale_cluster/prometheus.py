@@ -9,7 +9,7 @@ and ``prometheus.io/path`` (default ``/metrics``). Targets carry ``namespace``, 
 recording and alerting rules (``manifests/prometheus/*-rules.yaml``) are loaded as a user's own
 Prometheus would load them, evaluated every 2 s. The operator's pod (label
 ``app.kubernetes.io/name: kvscale-operator``) is scraped by its own job with ``honor_labels``:
-its ``kvscale_operator:*`` series carry the ``namespace`` of the endpoint they describe, which the
+its ``kvscale_operator_*`` series carry the ``namespace`` of the endpoint they describe, which the
 pod's own ``namespace`` target label would otherwise push aside into ``exported_namespace``.
 """
 

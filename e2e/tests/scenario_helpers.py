@@ -81,7 +81,7 @@ def kill_container(pod: dict[str, Any], container: str) -> int:
 
 
 def router_counters(api: Kube, namespace: str, endpoint: str) -> dict[tuple[str, str], float]:
-    """Every `kvscale_router:*` sample summed over the endpoint's router pods, by (name, labels
+    """Every `kvscale_router_*` sample summed over the endpoint's router pods, by (name, labels
     as sorted `k=v` pairs)."""
     totals: dict[tuple[str, str], float] = {}
     selector = f"kvscale.io/endpoint={endpoint},kvscale.io/role=router"
@@ -116,12 +116,12 @@ def engine_running(pod: dict[str, Any]) -> float:
 
 def upstream_failed(counters: dict[tuple[str, str], float], replica: str) -> float:
     """Requests a replica failed after their first byte (the router relayed an error)."""
-    key = ("kvscale_router:requests_total", f"code=upstream_failed,replica={replica}")
+    key = ("kvscale_router_requests_total", f"code=upstream_failed,replica={replica}")
     return counters.get(key, 0.0)
 
 
 def in_flight(counters: dict[tuple[str, str], float], replica: str) -> float:
-    return counters.get(("kvscale_router:in_flight", f"replica={replica}"), 0.0)
+    return counters.get(("kvscale_router_in_flight", f"replica={replica}"), 0.0)
 
 
 def weights(api: Kube, namespace: str, endpoint: str) -> dict[str, float] | None:

@@ -1,11 +1,11 @@
 """kvscale's alerts fire on the local cluster from the real operator: a metrics outage.
 
 kvscale is installed from manifests/ (the operator runs as a pod; the e2e Prometheus scrapes its
-`kvscale_operator:*` series in a job of its own, with honor_labels, and evaluates
+`kvscale_operator_*` series in a job of its own, with honor_labels, and evaluates
 manifests/prometheus/alerting-rules.yaml). An endpoint reads its signals from a second Prometheus,
 run by this test with the cluster's discovery and scrape configuration. Stopping that one is the
 outage: the operator sets MetricsAvailable=False (Unreachable) and exports
-`kvscale_operator:metrics_available 0`; KvscaleMetricsStale goes pending at once and fires after
+`kvscale_operator_metrics_available 0`; KvscaleMetricsStale goes pending at once and fires after
 its real `for: 2m`, labelled with the endpoint's namespace and name; when the signal source
 answers again the alert resolves. The whole test takes about four minutes, most of it the `for`.
 """
@@ -76,8 +76,8 @@ def _metrics_condition(cluster: Cluster, namespace: str) -> dict[str, Any]:
 
 
 def _exported(cluster: Cluster, namespace: str) -> float | None:
-    """kvscale_operator:metrics_available of the endpoint, as the cluster's Prometheus has it."""
-    query = f'kvscale_operator:metrics_available{{namespace="{namespace}", endpoint="chat"}}'
+    """kvscale_operator_metrics_available of the endpoint, as the cluster's Prometheus has it."""
+    query = f'kvscale_operator_metrics_available{{namespace="{namespace}", endpoint="chat"}}'
     response = httpx.get(f"{cluster.prometheus_url}/api/v1/query", params={"query": query})
     result = response.json()["data"]["result"]
     return float(result[0]["value"][1]) if result else None

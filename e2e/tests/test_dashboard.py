@@ -1,7 +1,7 @@
 """kvscale's Grafana dashboard: its JSON is rendered from render.py, every query parses, and every
 query returns data from the e2e Prometheus (which loads kvscale's recording rules) while the tiny
 sample serves completions through its Service: the engines' and routers' series, the recording
-rules over them, and the operator's own kvscale_operator:* series, scraped from the operator's
+rules over them, and the operator's own kvscale_operator_* series, scraped from the operator's
 pod (installed from manifests/, as a user installs it).
 
 The endpoint gets short control intervals and a small per-replica capacity prior, so that the
@@ -48,7 +48,7 @@ def test_every_panel_and_variable_query_is_extracted() -> None:
     queries = dashboard_queries(dashboard)
     targets = sum(len(p.get("targets") or []) for p in dashboard["panels"])
     assert len(queries) == targets + 2  # + the namespace and endpoint variables
-    assert any("kvscale_operator:" in q.expr for q in queries)
+    assert any("kvscale_operator_" in q.expr for q in queries)
 
 
 def test_every_query_is_valid_promql(tmp_path: Path) -> None:

@@ -43,7 +43,7 @@ from kvscale_cluster.fixtures import Cluster, kubectl, wait_for
 from kvscale_cluster.install import uninstall_kvscale
 
 ENGINES = "kvscale.io/endpoint=chat,kvscale.io/role=engine"
-WEIGHT = "kvscale_router:replica_weight"  # what each router routes a replica with
+WEIGHT = "kvscale_router_replica_weight"  # what each router routes a replica with
 FAIL_FAST_S = 30.0  # a request on a dead replica ends long before the client's 120 s timeout
 
 

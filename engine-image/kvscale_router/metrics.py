@@ -1,6 +1,10 @@
-"""Every metric the router exports, under `kvscale_router:`, in one registry per app."""
+"""Every metric the router exports, under `kvscale_router_`, in one registry per app."""
 
 from __future__ import annotations
+
+import platform
+from collections.abc import Iterable
+from importlib import metadata
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -13,7 +17,7 @@ class RouterMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        p = "kvscale_router:"
+        p = "kvscale_router_"
         self.requests = Counter(
             f"{p}requests", "Requests answered, by replica and HTTP status (replica is empty "
             "when the router answered itself)", ["replica", "code"], registry=r)  # fmt: skip
@@ -86,13 +90,49 @@ class RouterMetrics:
             f"{p}deferred_decode_rate_tokens_per_second", "Per-request decode rate learned per "
             "replica from completed deferrable requests (the prior until one completed)",
             ["replica"], registry=r)  # fmt: skip
+        self.build_info = Gauge(
+            f"{p}build_info", "1, labelled with the router's version",
+            ["version", "python_version"], registry=r)  # fmt: skip
+        self.build_info.labels(version(), platform.python_version()).set(1)
 
-        self._weighted: set[str] = set()
-
-    def show_weights(self, weights: dict[str, float]) -> None:
-        for name in self._weighted - set(weights):
+    def show_weights(self, weights: dict[str, float], busy: Iterable[str] = ()) -> None:
+        """Publish the known replicas' weights; a replica that is gone loses its weight, and its
+        other series once it has no request in flight (`busy` names those that have)."""
+        self.forget_replicas(set(weights) | set(busy))
+        for (name,) in _children(self.weight, ("replica",)) - {(n,) for n in weights}:
             self.weight.remove(name)
-        self._weighted = set(weights)
         for name, value in weights.items():
             self.weight.labels(name).set(value)
         self.routable.set(sum(1 for w in weights.values() if w > 0))
+
+    def forget_replicas(self, keep: set[str]) -> None:
+        """Remove the series of every replica not in `keep` (the router's own answers, labelled
+        with an empty replica, stay)."""
+        for metric, names in (
+            (self.requests, ("replica", "code")),
+            (self.picks, ("replica", "rule")),
+            (self.upstream_errors, ("replica", "kind")),
+            (self.in_flight, ("replica",)),
+            (self.outstanding_tokens, ("replica",)),
+            (self.weight, ("replica",)),
+        ):
+            for values in _children(metric, names):
+                if values[0] and values[0] not in keep:
+                    metric.remove(*values)
+
+
+def version() -> str:
+    """kvscale's installed version ("unknown" when run from a tree that is not installed)."""
+    try:
+        return metadata.version("kvscale")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def _children(metric: Counter | Gauge, names: tuple[str, ...]) -> set[tuple[str, ...]]:
+    """The label values of every series `metric` holds, in the order of `names`."""
+    return {
+        tuple(sample.labels[n] for n in names)
+        for family in metric.collect()
+        for sample in family.samples
+    }

@@ -106,7 +106,8 @@ def create_app(config: RouterConfig, source: ReplicaSource) -> Starlette:
 
     async def metrics(request: Request) -> Response:
         router = router_of(request)
-        router.metrics.show_weights(router.table.weights())
+        busy = (name for name, n in router.picker.in_flight.items() if n > 0)
+        router.metrics.show_weights(router.table.weights(), busy)
         router.releaser.show(time.monotonic())
         return Response(generate_latest(router.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 

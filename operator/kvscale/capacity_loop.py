@@ -109,6 +109,7 @@ class CapacityLoop:
             spec = api.LLMEndpointSpec.model_validate(body.get("spec") or {})
         except ValidationError:
             return Tick(next_in=30.0)
+        self.ctx.metrics.slo((self.namespace, self.name), spec.slo)
         scaling = spec.scaling
         capacity_due, fast_due = now >= self._next_capacity, now >= self._next_fast
         if not (capacity_due or fast_due):

@@ -40,7 +40,8 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
         logging.getLogger("kvscale").info(f"Serving metrics on :{metrics.serve(int(port))}")
     memo.metrics = metrics
     memo.sources = Sources()
-    memo.workers = Workers(Context(Kube(api_client()), memo.sources, metrics))
+    kube = Kube(api_client(), observe=metrics.kube_request)
+    memo.workers = Workers(Context(kube, memo.sources, metrics))
 
 
 @kopf.on.cleanup()

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,10 +75,15 @@ class KubeError(Exception):
 
 @dataclass(frozen=True)
 class Kube:
-    """A thin, typed-by-dict view of the API server; `timeout_s` is (connect, read) seconds."""
+    """A thin, typed-by-dict view of the API server; `timeout_s` is (connect, read) seconds.
+
+    Every call goes through `request`, which reports it to `observe` (verb, resource, HTTP
+    status or 0 when the server did not answer, seconds) when given.
+    """
 
     api_client: client.ApiClient
     timeout_s: tuple[float, float] = TIMEOUT_S
+    observe: Callable[[str, str, int, float], None] | None = None
 
     def request(
         self,
@@ -93,13 +101,18 @@ class Kube:
             body=body,
             auth_settings=["BearerToken"],
         )
+        start, status = time.perf_counter(), 0
         try:
             resp = self.api_client.call_api(
                 m, url, headers, payload, _request_timeout=self.timeout_s
             )
             resp.read()  # type: ignore[no-untyped-call]
+            status = resp.status
         except urllib3.exceptions.HTTPError as err:  # unreachable, timed out, reset
             raise KubeError(0, f"{method} {path}: {err}") from err
+        finally:
+            if self.observe is not None:
+                self.observe(method, resource_of(path), status, time.perf_counter() - start)
         if resp.status == 404:
             return None
         if resp.status >= 400:
@@ -186,6 +199,15 @@ class Kube:
             "count": 1,
         }
         self.request("POST", self._path("v1", "Event", meta["namespace"]), event)
+
+
+_RESOURCE = re.compile(r"/namespaces/[^/]+/([^/]+)(?:/[^/]+(/[^/]+)?)?$")
+
+
+def resource_of(path: str) -> str:
+    """The resource a namespaced API path names ("pods", "llmendpoints/status")."""
+    found = _RESOURCE.search(path)
+    return "".join(g for g in found.groups() if g) if found else "other"
 
 
 def _message(data: bytes | None) -> str:

@@ -69,13 +69,16 @@ class EndpointWorker:
         while True:
             self.kicked.clear()  # before the pass: a kick during it wakes the next one at once
             try:
-                delay = await self._pass()
+                with self.ctx.metrics.reconciling("pass"):
+                    delay = await self._pass()
             except asyncio.CancelledError:
                 raise
             except (KubeError, OSError) as err:
+                self.ctx.metrics.error("pass", err)
                 log.warning(f"Pass over {self.namespace}/{self.name} failed: {err}")
                 delay = RETRY_DELAY
-            except Exception:
+            except Exception as err:
+                self.ctx.metrics.error("pass", err)
                 log.exception(f"Pass over {self.namespace}/{self.name} failed unexpectedly")
                 delay = RETRY_DELAY
             with contextlib.suppress(TimeoutError):
@@ -116,7 +119,8 @@ class EndpointWorker:
     async def _reconcile(self, body: JSON, desired: int | None, why: str) -> Outcome:
         conditions = self.capacity.conditions()
         log.debug(f"Reconciling {self.namespace}/{self.name} at {desired} replicas ({why})")
-        return await asyncio.to_thread(reconcile, self.ctx.kube, body, desired, why, conditions)
+        with self.ctx.metrics.reconciling("reconcile"):
+            return await asyncio.to_thread(reconcile, self.ctx.kube, body, desired, why, conditions)
 
     def _body(self) -> JSON:
         """The newest body seen, with what this worker wrote since overlaid on its status."""

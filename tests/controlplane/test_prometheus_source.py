@@ -140,7 +140,7 @@ def test_prometheus_source_reads_rates_quantiles_and_problems(tmp_path: Path) ->
     fast = Exporter("llama-fast", engine(ttft_s=0.05, requests_per_s=3, start=start))
     slow = Exporter("llama-slow", engine(ttft_s=2.0, requests_per_s=1, start=start))
     vllm = Exporter("vllm-0", VLLM_V0_10.read_text)
-    router = Exporter("router-0", lambda: "kvscale_router:pending_requests 3\n")
+    router = Exporter("router-0", lambda: "kvscale_router_pending_requests 3\n")
     gone = Exporter("gone-0", str)  # scraped by Prometheus, never served: up == 0
     targets = {e.name: e.port for e in (fast, slow, vllm, router, gone)}
     with serving([fast, slow, vllm, router]), prometheus(targets, tmp_path) as (url, prom):

@@ -113,7 +113,7 @@ def weights(url: str) -> dict[str, float]:
     """The router's per-replica weights, from its /metrics."""
     found: dict[str, float] = {}
     for line in _get(f"{url}/metrics").text.splitlines():
-        if line.startswith("kvscale_router:replica_weight{"):
+        if line.startswith("kvscale_router_replica_weight{"):
             labels, value = line.rsplit(" ", 1)
             found[labels.split('replica="')[1].split('"')[0]] = float(value)
     return found

@@ -31,7 +31,7 @@ class LiveRouter(LiveProcess):
 
         def applied() -> bool:
             return all(
-                self.metric("kvscale_router:replica_weight", replica=name) == value
+                self.metric("kvscale_router_replica_weight", replica=name) == value
                 for name, value in weights.items()
             )
 

@@ -76,10 +76,10 @@ def test_streams_pass_through_chunk_by_chunk(
         assert chat.choices[0].message.content is not None and chat.usage is not None
         assert [m.id for m in client(router).models.list()] == [MODEL]
         wait_for(
-            lambda: router.metric("kvscale_router:requests_total", replica="a", code="200") == 3,
+            lambda: router.metric("kvscale_router_requests_total", replica="a", code="200") == 3,
             30, "three answered requests in the router's metrics",
         )  # fmt: skip
-        assert router.metrics()["kvscale_router:added_latency_seconds_count{}"] == 2
+        assert router.metrics()["kvscale_router_added_latency_seconds_count{}"] == 2
 
 
 def test_the_first_chunk_arrives_while_the_engine_still_generates(
@@ -116,7 +116,7 @@ def test_a_client_that_leaves_aborts_the_request_upstream(
         wait_for(lambda: aborted(server) == before + 1, 60, "the engine to abort the request")
         wait_for(lambda: running(server) == 0, 60, "the engine to be idle")
         wait_for(
-            lambda: router.metric("kvscale_router:in_flight", replica="a") == 0,
+            lambda: router.metric("kvscale_router_in_flight", replica="a") == 0,
             30, "the router to release the request",
         )  # fmt: skip
 
@@ -147,10 +147,10 @@ def test_a_dead_replica_is_skipped_before_the_first_byte(
                 model=MODEL, prompt=f"retry {i}", max_tokens=3, extra_body={"ignore_eos": True}
             )
             assert out.choices[0].finish_reason == "length"  # sampled: EOS would end it early
-        retries = router.metric("kvscale_router:retries_total", reason="unreachable")
-        dead_picks = router.metric("kvscale_router:picks_total", replica="dead", rule="round_robin")
+        retries = router.metric("kvscale_router_retries_total", reason="unreachable")
+        dead_picks = router.metric("kvscale_router_picks_total", replica="dead", rule="round_robin")
         assert retries == dead_picks >= 1  # every pick of the dead replica was retried
-        assert router.metric("kvscale_router:requests_total", replica="a", code="200") == 6
+        assert router.metric("kvscale_router_requests_total", replica="a", code="200") == 6
 
 
 def test_weight_zero_drains_a_replica_while_its_stream_finishes(
@@ -186,14 +186,14 @@ def test_requests_are_held_while_no_replica_may_take_them(
         held = pool.submit(
             client(router).completions.create, model=MODEL, prompt="from zero", max_tokens=4
         )
-        wait_for(lambda: router.metric("kvscale_router:pending_requests") == 1, 30, "a hold")
+        wait_for(lambda: router.metric("kvscale_router_pending_requests") == 1, 30, "a hold")
         over = httpx.post(f"{router.api}/completions", json={"prompt": "x"}, timeout=30)
         assert over.status_code == 503 and over.json()["error"]["code"] == "pending_full"
         assert int(over.headers["retry-after"]) >= 1
         assert not held.done()
         router.set_weights({"a": 1.0, "b": 1.0})
         assert held.result(timeout=60).choices[0].finish_reason == "length"
-        assert router.metric("kvscale_router:pending_requests") == 0
+        assert router.metric("kvscale_router_pending_requests") == 0
     with live_router(urls(engines), tmp_path, "--pending-timeout", "0.5",
                      weights={"a": 0, "b": 0}) as router:  # fmt: skip
         late = httpx.post(f"{router.api}/completions", json={"prompt": "x"}, timeout=30)
@@ -217,7 +217,7 @@ def test_class_limits_refuse_with_429_and_retry_after(
         first = pool.submit(httpx.post, f"{router.api}/completions", json=body, timeout=60)
         second = pool.submit(httpx.post, f"{router.api}/completions", json=body, timeout=60,
                              headers={"x-kvscale-class": "batch"})  # fmt: skip
-        wait_for(lambda: router.metric("kvscale_router:pending_requests") == 2, 30, "two holds")
+        wait_for(lambda: router.metric("kvscale_router_pending_requests") == 2, 30, "two holds")
         with pytest.raises(openai.RateLimitError) as full:
             client(router).completions.create(model=MODEL, prompt="x", max_tokens=2)
         assert full.value.response.headers["retry-after"] == "10"  # the class's queue wait
@@ -231,12 +231,12 @@ def test_class_limits_refuse_with_429_and_retry_after(
         refusals = router.metrics()
         assert (
             refusals[
-                'kvscale_router:refusals_total{reason="queue_full",traffic_class="interactive"}'
+                'kvscale_router_refusals_total{reason="queue_full",traffic_class="interactive"}'
             ]
             == 1
         )
         assert (
-            refusals['kvscale_router:refusals_total{reason="deadline",traffic_class="batch"}'] == 1
+            refusals['kvscale_router_refusals_total{reason="deadline",traffic_class="batch"}'] == 1
         )
 
 
@@ -252,8 +252,8 @@ def test_a_draining_replica_answering_503_is_skipped(
                 assert out.choices[0].finish_reason == "length"
         finally:
             httpx.post(f"{a.admin_url}/undrain", timeout=30)
-        assert router.metric("kvscale_router:retries_total", reason="503") >= 1
-        assert router.metric("kvscale_router:requests_total", replica="b", code="200") == 4
+        assert router.metric("kvscale_router_retries_total", reason="503") >= 1
+        assert router.metric("kvscale_router_requests_total", replica="b", code="200") == 4
 
 
 def test_a_replica_dying_mid_stream_is_reported_in_band(llama_dir: Path, tmp_path: Path) -> None:
@@ -273,7 +273,7 @@ def test_a_replica_dying_mid_stream_is_reported_in_band(llama_dir: Path, tmp_pat
                 pass
         wait_for(
             lambda: router.metric(
-                "kvscale_router:requests_total", replica="doomed", code="upstream_failed"
+                "kvscale_router_requests_total", replica="doomed", code="upstream_failed"
             ) == 1,
             30, "the failure in the router's metrics",
         )  # fmt: skip

@@ -49,7 +49,7 @@ def router_args(*extra: str) -> tuple[str, ...]:
 
 
 def queued(router: LiveRouter, cls: str) -> float:
-    return router.metric("kvscale_router:deferred_queue_requests", traffic_class=cls)
+    return router.metric("kvscale_router_deferred_queue_requests", traffic_class=cls)
 
 
 def publish(router: LiveRouter, budgets: dict[str, float]) -> None:
@@ -71,14 +71,14 @@ def test_a_deferred_request_completes_streamed_or_not(engine: LiveServer, tmp_pa
         )  # fmt: skip
         chunks = list(stream)
         assert chunks[-1].choices[0].finish_reason == "length"
-        released = router.metric("kvscale_router:deferred_released_total", traffic_class="batch",
+        released = router.metric("kvscale_router_deferred_released_total", traffic_class="batch",
                                  reason="spare")  # fmt: skip
         assert released == 2
-        assert router.metric("kvscale_router:deferred_completed_total", traffic_class="batch") == 2
-        assert router.metric("kvscale_router:deferred_valley_tokens_total",
+        assert router.metric("kvscale_router_deferred_completed_total", traffic_class="batch") == 2
+        assert router.metric("kvscale_router_deferred_valley_tokens_total",
                              traffic_class="batch") > 0  # fmt: skip
         # the decode rate was learned from them, away from the 10 tokens/s prior
-        rate = router.metric("kvscale_router:deferred_decode_rate_tokens_per_second", replica="a")
+        rate = router.metric("kvscale_router_deferred_decode_rate_tokens_per_second", replica="a")
         assert rate > 0 and rate != 10.0
 
 
@@ -93,9 +93,9 @@ def test_a_deadline_releases_a_request_without_spare_room(
                                                          max_tokens=8)  # fmt: skip
         assert done.choices[0].text is not None
         assert 2.0 <= time.monotonic() - start < 4.0
-        assert router.metric("kvscale_router:deferred_released_total", traffic_class="soon",
+        assert router.metric("kvscale_router_deferred_released_total", traffic_class="soon",
                              reason="deadline") == 1  # fmt: skip
-        assert router.metric("kvscale_router:deferred_deadline_missed_total",
+        assert router.metric("kvscale_router_deferred_deadline_missed_total",
                              traffic_class="soon", reason="late") == 0  # fmt: skip
 
 
@@ -121,7 +121,7 @@ def test_a_full_queue_is_429_and_a_leaving_client_leaves_nothing_queued(
         with pytest.raises(httpx.ReadTimeout):
             first.result(timeout=30)
         wait_for(lambda: queued(router, "small") == 0, 30, "the leaving client's request to go")
-        assert router.metric("kvscale_router:deferred_released_total", traffic_class="small",
+        assert router.metric("kvscale_router_deferred_released_total", traffic_class="small",
                              reason="spare") == 0  # fmt: skip
 
 
@@ -136,7 +136,7 @@ def test_an_unmeetable_deadline_gets_an_error_that_says_so(
         error = refused.value.body
         assert error["code"] == "deadline_unmeetable"  # type: ignore[index]
         assert "cannot be met" in error["message"]  # type: ignore[index]
-        assert router.metric("kvscale_router:deferred_deadline_missed_total",
+        assert router.metric("kvscale_router_deferred_deadline_missed_total",
                              traffic_class="soon", reason="refused") == 1  # fmt: skip
 
 
@@ -170,4 +170,4 @@ def test_interactive_requests_are_not_delayed_by_a_deferred_backlog(
         for future in backlog:
             assert future.result(timeout=300).choices[0].finish_reason == "length"
         assert queued(router, "batch") == 0
-        assert router.metric("kvscale_router:deferred_completed_total", traffic_class="batch") == n
+        assert router.metric("kvscale_router_deferred_completed_total", traffic_class="batch") == n

@@ -76,11 +76,11 @@ class _Background(threading.Thread):
 
 
 def _in_flight(server: LiveServer, cls: str) -> bool:
-    return _sample(server, "kvscale:admission_in_flight", traffic_class=cls) >= 1
+    return _sample(server, "kvscale_engine_admission_in_flight", traffic_class=cls) >= 1
 
 
 def _queued(server: LiveServer, cls: str) -> bool:
-    return _sample(server, "kvscale:admission_queue_depth", traffic_class=cls) >= 1
+    return _sample(server, "kvscale_engine_admission_queue_depth", traffic_class=cls) >= 1
 
 
 def test_queue_wait_past_the_deadline_is_refused(server: LiveServer) -> None:
@@ -100,7 +100,7 @@ def test_queue_wait_past_the_deadline_is_refused(server: LiveServer) -> None:
     assert (
         _sample(
             server,
-            "kvscale:admission_rejections_total",
+            "kvscale_engine_admission_rejections_total",
             reason="timeout",
             traffic_class="impatient",
         )
@@ -132,7 +132,10 @@ def test_full_class_is_refused_fast_and_queued_one_runs_later(server: LiveServer
     waiter.join(120)
     assert waiter.response is not None and waiter.response.status_code == 200, waiter.response
     rejected = _sample(
-        server, "kvscale:admission_rejections_total", reason="queue_full", traffic_class="batch"
+        server,
+        "kvscale_engine_admission_rejections_total",
+        reason="queue_full",
+        traffic_class="batch",
     )
     assert rejected == 1
 
@@ -141,7 +144,7 @@ def test_missing_or_unknown_class_uses_the_default(server: LiveServer) -> None:
     for cls in (None, "no-such-class"):
         assert _post(server, SHORT, cls).status_code == 200
     wait_for(
-        lambda: _sample(server, "kvscale:admission_in_flight", traffic_class="batch") == 0,
+        lambda: _sample(server, "kvscale_engine_admission_in_flight", traffic_class="batch") == 0,
         30,
         "the slot to be released",
     )
@@ -183,12 +186,16 @@ def test_default_concurrency_follows_request_lengths_not_max_model_len(
         try:
             wait_for(
                 lambda: (
-                    _sample(server, "kvscale:admission_in_flight", traffic_class="default") == 10
+                    _sample(server, "kvscale_engine_admission_in_flight", traffic_class="default")
+                    == 10
                 ),
                 60,
                 "all ten requests to be admitted together",
             )
-            assert _sample(server, "kvscale:admission_queue_depth", traffic_class="default") == 0
+            assert (
+                _sample(server, "kvscale_engine_admission_queue_depth", traffic_class="default")
+                == 0
+            )
         finally:
             for s in streams:
                 s.stop()

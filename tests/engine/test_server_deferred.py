@@ -41,7 +41,7 @@ def complete(server: LiveServer, cls: str, prompt: str, max_tokens: int) -> str:
 
 
 def preemptions(server: LiveServer, cls: str) -> float:
-    key = f'kvscale:preemptions_total{{{LABELS},traffic_class="{cls}"}}'
+    key = f'kvscale_engine_preemptions_total{{{LABELS},traffic_class="{cls}"}}'
     return server.metrics()[key]
 
 

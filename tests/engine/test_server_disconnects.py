@@ -64,15 +64,15 @@ def test_random_disconnects_free_every_block(llama_dir: Path, tmp_path: Path) ->
 
         def settled(server: LiveServer = server) -> dict[str, float] | None:
             m = server.metrics()
-            free = m['kvscale:kv_blocks_free{engine="0",model_name="tiny-llama"}']
-            total = m['kvscale:kv_blocks_total{engine="0",model_name="tiny-llama"}']
+            free = m['kvscale_engine_kv_blocks_free{engine="0",model_name="tiny-llama"}']
+            total = m['kvscale_engine_kv_blocks{engine="0",model_name="tiny-llama"}']
             running = m['vllm:num_requests_running{engine="0",model_name="tiny-llama"}']
             waiting = m['vllm:num_requests_waiting{engine="0",model_name="tiny-llama"}']
             idle = free == total == 256 and running == waiting == 0
             return m if idle else None
 
         metrics = wait_for(settled, 60, "every KV block to be free again")
-        in_flight = metrics['kvscale:admission_in_flight{engine="0",model_name="tiny-llama",'
+        in_flight = metrics['kvscale_engine_admission_in_flight{engine="0",model_name="tiny-llama",'
                             'traffic_class="default"}']  # fmt: skip
         aborted = metrics['vllm:request_success_total{engine="0",finished_reason="abort",'
                           'model_name="tiny-llama"}']  # fmt: skip

@@ -33,7 +33,7 @@ def test_not_ready_until_loaded_then_serving(llama_dir: Path) -> None:
         assert early.status_code == 503 and early.json()["error"]["code"] == "not_ready"
         assert "retry-after" in early.headers
         metrics = client.get("/metrics").text
-        assert 'kvscale:ready{engine="0",model_name="tiny-llama"} 0.0' in metrics
+        assert 'kvscale_engine_ready{engine="0",model_name="tiny-llama"} 0.0' in metrics
 
         release.set()
         wait_for(lambda: client.get("/ready").status_code == 200, 60, "readiness")
@@ -42,7 +42,7 @@ def test_not_ready_until_loaded_then_serving(llama_dir: Path) -> None:
         )
         assert done.status_code == 200 and done.json()["usage"]["completion_tokens"] == 3
         metrics = client.get("/metrics").text
-        assert 'kvscale:ready{engine="0",model_name="tiny-llama"} 1.0' in metrics
+        assert 'kvscale_engine_ready{engine="0",model_name="tiny-llama"} 1.0' in metrics
         assert 'vllm:generation_tokens_total{engine="0",model_name="tiny-llama"} 3.0' in metrics
 
 

@@ -11,6 +11,8 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 from server_fixtures import MODEL, LiveServer, live_server
 
+from kvscale_engine.server.metrics import version
+
 CLASSES = '[{"name": "interactive", "priority": 10}, {"name": "batch", "priority": 0}]'
 TTFT = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
         10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0]  # fmt: skip
@@ -36,13 +38,13 @@ EXPECTED: dict[str, tuple[str, list[float] | None]] = {
     "vllm:request_prompt_tokens": ("histogram", TOKENS),
     "vllm:request_generation_tokens": ("histogram", TOKENS),
     "vllm:cache_config_info": ("gauge", None),
-    "kvscale:kv_blocks_total": ("gauge", None),
-    "kvscale:kv_blocks_free": ("gauge", None),
-    "kvscale:admission_rejections": ("counter", None),
-    "kvscale:admission_queue_wait_seconds": ("histogram", TTFT),
-    "kvscale:admission_queue_depth": ("gauge", None),
-    "kvscale:admission_in_flight": ("gauge", None),
-    "kvscale:preemptions": ("counter", None),
+    "kvscale_engine_kv_blocks": ("gauge", None),
+    "kvscale_engine_kv_blocks_free": ("gauge", None),
+    "kvscale_engine_admission_rejections": ("counter", None),
+    "kvscale_engine_admission_queue_wait_seconds": ("histogram", TTFT),
+    "kvscale_engine_admission_queue_depth": ("gauge", None),
+    "kvscale_engine_admission_in_flight": ("gauge", None),
+    "kvscale_engine_preemptions": ("counter", None),
 }
 
 
@@ -104,12 +106,20 @@ def test_values_follow_the_requests(families: dict[str, Metric]) -> None:
     )
     assert 0 < value("vllm:prefix_cache_hits", "_total") < queries  # the shared prefix, in tokens
     assert 0.0 <= value("vllm:kv_cache_usage_perc") <= 1.0
-    assert value("kvscale:kv_blocks_free") == value("kvscale:kv_blocks_total") == 256
+    assert value("kvscale_engine_kv_blocks_free") == value("kvscale_engine_kv_blocks") == 256
     assert value("vllm:num_requests_running") == 0
     info = families["vllm:cache_config_info"].samples[0].labels
     assert info["block_size"] == "16" and info["num_gpu_blocks"] == "256"
     for cls in ("interactive", "batch"):
-        assert value("kvscale:admission_rejections", "_total", reason="queue_full",
+        assert value("kvscale_engine_admission_rejections", "_total", reason="queue_full",
                      traffic_class=cls) == 0  # fmt: skip
-        assert value("kvscale:preemptions", "_total", traffic_class=cls) == 0
-    assert value("kvscale:admission_queue_wait_seconds", "_count", traffic_class="interactive") == 3
+        assert value("kvscale_engine_preemptions", "_total", traffic_class=cls) == 0
+    assert (
+        value("kvscale_engine_admission_queue_wait_seconds", "_count", traffic_class="interactive")
+        == 3
+    )
+
+
+def test_build_info_names_the_version(families: dict[str, Metric]) -> None:
+    (sample,) = families["kvscale_engine_build_info"].samples
+    assert sample.value == 1 and sample.labels["version"] == version()

@@ -65,6 +65,17 @@ def test_every_alert_has_a_severity_and_a_sentence() -> None:
             assert rule["annotations"]["summary"] and rule["annotations"]["description"]
 
 
+def test_every_alert_links_its_runbook_in_the_repository() -> None:
+    for group in yaml.safe_load((RULES / "alerting-rules.yaml").read_text())["groups"]:
+        for rule in group["rules"]:
+            url = rule["annotations"]["runbook_url"]
+            page = f"docs/runbooks/{rule['alert']}.md"
+            assert url.endswith(f"/blob/main/{page}"), url
+            text = (ROOT / page).read_text()
+            for section in ("## Meaning", "## Impact", "## Diagnosis", "## Mitigation"):
+                assert section in text, (page, section)
+
+
 def test_prometheusrule_is_rendered_from_the_rule_files() -> None:
     render = COMPONENTS / "prometheusrule" / "render.py"
     done = _run(sys.executable, render, "--check")

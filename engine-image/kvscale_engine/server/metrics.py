@@ -2,17 +2,20 @@
 
 Names, types, labels (`model_name`, `engine`) and histogram buckets follow vLLM's V1 metrics, so
 dashboards, KEDA recipes, routers and the kvscale operator read a kvscale engine and a vLLM
-engine alike. kvscale's own series (KV blocks, admission) carry a `kvscale:` prefix.
+engine alike. kvscale's own series (KV blocks, admission) carry a `kvscale_engine_` prefix.
 """
 
 from __future__ import annotations
 
+import platform
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from importlib import metadata
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 LABELS = ("model_name", "engine")
+PREFIX = "kvscale_engine_"  # kvscale's own series; vLLM's keep their `vllm:` names
 FINISH_REASONS = ("stop", "length", "abort")
 ADMISSION_REASONS = ("queue_full", "deadline", "timeout", "draining")
 
@@ -46,6 +49,14 @@ def build_1_2_5_buckets(max_value: int) -> tuple[float, ...]:
                 return tuple(buckets)
             buckets.append(float(mantissa * scale))
         scale *= 10
+
+
+def version() -> str:
+    """kvscale's installed version ("unknown" when run from a tree that is not installed)."""
+    try:
+        return metadata.version("kvscale")
+    except metadata.PackageNotFoundError:
+        return "unknown"
 
 
 @dataclass(frozen=True)
@@ -142,39 +153,42 @@ class EngineMetrics:
             [*CACHE_INFO_LABELS, "engine"], registry=self.registry,
         )  # fmt: skip
         # kvscale's own
-        self.kv_blocks_total = gauge(
-            "kvscale:kv_blocks_total", "KV-cache blocks the engine allocated."
-        )
+        self.kv_blocks_total = gauge(PREFIX + "kv_blocks", "KV-cache blocks the engine allocated.")
         self.kv_blocks_free = gauge(
-            "kvscale:kv_blocks_free", "KV-cache blocks free (including evictable cached blocks)."
+            PREFIX + "kv_blocks_free", "KV-cache blocks free (including evictable cached blocks)."
         )
         self.admission_rejections = counter(
-            "kvscale:admission_rejections",
+            PREFIX + "admission_rejections",
             "Requests refused by admission control, by reason and traffic class.",
             "reason", "traffic_class",
         )  # fmt: skip
         self.queue_wait = histogram(
-            "kvscale:admission_queue_wait_seconds",
+            PREFIX + "admission_queue_wait_seconds",
             "Time admitted requests waited in the admission queue, by traffic class.",
             TTFT_BUCKETS, "traffic_class",
         )  # fmt: skip
         self.admission_queued = gauge(
-            "kvscale:admission_queue_depth", "Requests waiting for admission, by traffic class.",
+            PREFIX + "admission_queue_depth", "Requests waiting for admission, by traffic class.",
             "traffic_class",
         )  # fmt: skip
         self.admission_in_flight = gauge(
-            "kvscale:admission_in_flight", "Admitted requests in the engine, by traffic class.",
+            PREFIX + "admission_in_flight", "Admitted requests in the engine, by traffic class.",
             "traffic_class",
         )  # fmt: skip
         self.ready = gauge(
-            "kvscale:ready", "1 when the server is loaded, warmed up and not draining."
+            PREFIX + "ready", "1 when the server is loaded, warmed up and not draining."
         )
         self.class_preemptions = counter(
-            "kvscale:preemptions",
+            PREFIX + "preemptions",
             "Preemptions by the victim's traffic class (deferred work preempted by interactive "
             "arrivals, or any class when KV blocks run out); vllm:num_preemptions is their sum.",
             "traffic_class",
         )  # fmt: skip
+        self.build_info = Gauge(
+            PREFIX + "build_info", "1, labelled with the engine's version.",
+            ["version", "python_version"], registry=self.registry,
+        )  # fmt: skip
+        self.build_info.labels(version(), platform.python_version()).set(1)
         self._touch(traffic_classes)
 
     # every series carries the model and engine labels, on this app's registry

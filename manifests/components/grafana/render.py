@@ -1,7 +1,7 @@
 """Render kvscale-endpoints.json, the Grafana dashboard for LLM endpoints, from the panels below.
 
 Engine panels read the recording rules (manifests/prometheus/recording-rules.yaml) and the
-engines' own series; control panels read the operator's kvscale_operator:* metrics. Run `python
+engines' own series; control panels read the operator's kvscale_operator_* metrics. Run `python
 manifests/components/grafana/render.py` after editing; `--check` exits 1 when the committed JSON
 is stale (a unit test runs it).
 """
@@ -63,8 +63,8 @@ OVERVIEW = [
         "Replicas ready / desired",
         "none",
         [
-            (f"sum(kvscale_operator:ready_replicas{{{S}}})", "ready"),
-            (f"sum(kvscale_operator:desired_replicas{{{S}}})", "desired"),
+            (f"sum(kvscale_operator_ready_replicas{{{S}}})", "ready"),
+            (f"sum(kvscale_operator_desired_replicas{{{S}}})", "desired"),
         ],
     ),
     stat("p99 TTFT", "s", [(f"max(kvscale_endpoint:ttft_seconds:p99_rate1m{{{S}}})", "p99")]),
@@ -72,18 +72,18 @@ OVERVIEW = [
     stat(
         "Cost per successful request",
         "none",
-        [(f"avg(kvscale_operator:cost_per_successful_request{{{S}}})", "cost")],
+        [(f"avg(kvscale_operator_cost_per_successful_request{{{S}}})", "cost")],
     ),
     stat(
         "Metrics available",
         "none",
-        [(f"min(kvscale_operator:metrics_available{{{S}}})", "metrics")],
+        [(f"min(kvscale_operator_metrics_available{{{S}}})", "metrics")],
         _yes_no("yes", "NO"),
     ),
     stat(
         "Capacity limited",
         "none",
-        [(f"max(kvscale_operator:capacity_limited{{{S}}})", "limited")],
+        [(f"max(kvscale_operator_capacity_limited{{{S}}})", "limited")],
         _yes_no("YES", "no"),
     ),
 ]
@@ -97,17 +97,17 @@ ROWS: list[tuple[str, list[dict[str, Any]]]] = [
                 "short",
                 [
                     (
-                        f"sum by (endpoint) (kvscale_operator:demand_tokens_per_second{{{S}}})",
+                        f"sum by (endpoint) (kvscale_operator_demand_tokens_per_second{{{S}}})",
                         "{{endpoint}} demand",
                     ),
                     (
-                        f"sum by (endpoint) (kvscale_operator:forecast_tokens_per_second{{{S}}})",
+                        f"sum by (endpoint) (kvscale_operator_forecast_tokens_per_second{{{S}}})",
                         "{{endpoint}} forecast",
                     ),
                     (
                         "sum by (endpoint) ("
-                        f"kvscale_operator:replica_capacity_tokens_per_second{{{S}}}"
-                        f" * on (namespace, endpoint) kvscale_operator:ready_replicas{{{S}}})",
+                        f"kvscale_operator_replica_capacity_tokens_per_second{{{S}}}"
+                        f" * on (namespace, endpoint) kvscale_operator_ready_replicas{{{S}}})",
                         "{{endpoint}} capacity of ready replicas",
                     ),
                     (
@@ -123,15 +123,15 @@ ROWS: list[tuple[str, list[dict[str, Any]]]] = [
                 "none",
                 [
                     (
-                        f"sum by (endpoint) (kvscale_operator:desired_replicas{{{S}}})",
+                        f"sum by (endpoint) (kvscale_operator_desired_replicas{{{S}}})",
                         "{{endpoint}} desired",
                     ),
                     (
-                        f"sum by (endpoint) (kvscale_operator:ready_replicas{{{S}}})",
+                        f"sum by (endpoint) (kvscale_operator_ready_replicas{{{S}}})",
                         "{{endpoint}} ready",
                     ),
                     (
-                        f"sum by (endpoint) (kvscale_operator:max_replicas{{{S}}})",
+                        f"sum by (endpoint) (kvscale_operator_max_replicas{{{S}}})",
                         "{{endpoint}} max",
                     ),
                     (
@@ -144,10 +144,10 @@ ROWS: list[tuple[str, list[dict[str, Any]]]] = [
                 "Routing weights",
                 "percentunit",
                 [
-                    (f"kvscale_operator:routing_weight{{{S}}}", "{{endpoint}} {{pod}} published"),
+                    (f"kvscale_operator_routing_weight{{{S}}}", "{{endpoint}} {{pod}} published"),
                     (
                         "max by (kvscale_io_endpoint, replica) "
-                        f"(kvscale_router:replica_weight{{{R}}})",
+                        f"(kvscale_router_replica_weight{{{R}}})",
                         "{{kvscale_io_endpoint}} {{replica}} as routed",
                     ),
                 ],
@@ -160,7 +160,7 @@ ROWS: list[tuple[str, list[dict[str, Any]]]] = [
                 [
                     (
                         "sum by (endpoint, reason) "
-                        f"(increase(kvscale_operator:scaling_decisions_total{{{S}}}[5m]))",
+                        f"(increase(kvscale_operator_scaling_decisions_total{{{S}}}[5m]))",
                         "{{endpoint}} {{reason}}",
                     )
                 ],
@@ -195,28 +195,32 @@ ROWS: list[tuple[str, list[dict[str, Any]]]] = [
                 ],
             ),
             panel(
-                "Requests within the SLO",
+                "Good share (SLI)",
                 "percentunit",
                 [
                     (
-                        f"1 - kvscale_endpoint:slo_errors:ratio_rate5m{{{S}}}",
-                        "{{endpoint}} {{sli}} (5 min)",
+                        f"1 - kvscale_endpoint:slo_bad_share:ratio_rate5m{{{S}}}",
+                        "{{endpoint}} good {{sli}} (5 min)",
                     ),
-                    (f"kvscale_endpoint:slo_attainment_target{{{S}}}", "{{endpoint}} target"),
+                    (f"kvscale_endpoint:slo_good_share_target{{{S}}}", "{{endpoint}} target"),
                     (
-                        f"kvscale_operator:slo_attainment{{{S}}}",
-                        "{{endpoint}} attainment (operator)",
+                        f"kvscale_operator_slo_interval_attainment_ratio{{{S}}}",
+                        "{{endpoint}} intervals within the p99 targets (operator)",
                     ),
                 ],
+                "Good requests: answered (not refused, not failed) with the first token within "
+                "the TTFT target; good token intervals: within the ITL target. The operator's "
+                "line is another measure, status.slo's: the share of capacity intervals whose "
+                "p99s met the targets.",
             ),
             panel(
                 "Error budget burn rate (1 h)",
                 "none",
                 [
                     (
-                        f"kvscale_endpoint:slo_errors:ratio_rate1h{{{S}}}"
+                        f"kvscale_endpoint:slo_bad_share:ratio_rate1h{{{S}}}"
                         " / on (namespace, endpoint) group_left ()"
-                        f" (1 - kvscale_endpoint:slo_attainment_target{{{S}}})",
+                        f" (1 - kvscale_endpoint:slo_good_share_target{{{S}}})",
                         "{{endpoint}} {{sli}}",
                     )
                 ],
@@ -261,7 +265,7 @@ ROWS: list[tuple[str, list[dict[str, Any]]]] = [
                     (f"kvscale_endpoint:refusals:rate1m{{{S}}}", "{{endpoint}} refusals/s"),
                     (
                         "sum by (kvscale_io_endpoint, reason, traffic_class) "
-                        f"(rate(kvscale:admission_rejections_total{{{R}}}[1m]))",
+                        f"(rate(kvscale_engine_admission_rejections_total{{{R}}}[1m]))",
                         "{{kvscale_io_endpoint}} {{traffic_class}} {{reason}}",
                     ),
                 ],
@@ -297,7 +301,7 @@ ROWS: list[tuple[str, list[dict[str, Any]]]] = [
                 [
                     (
                         "sum by (kvscale_io_endpoint, code) "
-                        f"(rate(kvscale_router:requests_total{{{R}}}[1m]))",
+                        f"(rate(kvscale_router_requests_total{{{R}}}[1m]))",
                         "{{kvscale_io_endpoint}} {{code}}",
                     )
                 ],
@@ -309,12 +313,12 @@ ROWS: list[tuple[str, list[dict[str, Any]]]] = [
                 [
                     (
                         "histogram_quantile(0.99, sum by (kvscale_io_endpoint, le) "
-                        f"(rate(kvscale_router:added_latency_seconds_bucket{{{R}}}[1m])))",
+                        f"(rate(kvscale_router_added_latency_seconds_bucket{{{R}}}[1m])))",
                         "{{kvscale_io_endpoint}} p99",
                     ),
                     (
                         "histogram_quantile(0.5, sum by (kvscale_io_endpoint, le) "
-                        f"(rate(kvscale_router:added_latency_seconds_bucket{{{R}}}[1m])))",
+                        f"(rate(kvscale_router_added_latency_seconds_bucket{{{R}}}[1m])))",
                         "{{kvscale_io_endpoint}} p50",
                     ),
                 ],
@@ -329,7 +333,7 @@ ROWS: list[tuple[str, list[dict[str, Any]]]] = [
             panel(
                 "Cost per successful request",
                 "none",
-                [(f"kvscale_operator:cost_per_successful_request{{{S}}}", "{{endpoint}}")],
+                [(f"kvscale_operator_cost_per_successful_request{{{S}}}", "{{endpoint}}")],
                 "In the endpoint's spec.cost.currency.",
             ),
             panel(
@@ -337,12 +341,11 @@ ROWS: list[tuple[str, list[dict[str, Any]]]] = [
                 "none",
                 [
                     (
-                        "sum by (endpoint) "
-                        f"(rate(kvscale_operator:gpu_hours_total{{{S}}}[5m]) * 3600)",
+                        f"sum by (endpoint) (rate(kvscale_operator_gpu_seconds_total{{{S}}}[5m]))",
                         "{{endpoint}}",
                     )
                 ],
-                "GPU-hours accrued per hour: the GPUs the endpoint's replicas hold.",
+                "GPU-seconds accrued per second: the GPUs the endpoint's replicas hold.",
             ),
         ],
     ),

@@ -71,7 +71,8 @@ COUNTERS: dict[CounterKey, Spelling] = {
     # a draining replica refuses by design: that is not demand the fleet failed to carry.
     # vLLM (0.32) counts refusals only when a queue limit is set (--max-num-queued-reqs/-tokens)
     CounterKey.REFUSALS: Spelling(
-        ("kvscale:admission_rejections", "vllm:admission_rejections"), (("reason", "draining"),)
+        ("kvscale_engine_admission_rejections", "vllm:admission_rejections"),
+        (("reason", "draining"),),
     ),
 }
 
@@ -92,7 +93,7 @@ GAUGES: dict[GaugeKey, Spelling] = {
     ),
     # not SGLang's cache_hit_rate: that is the last prefill batch's, and decode steps zero it
     GaugeKey.PREFIX_HIT_RATE: Spelling(("vllm:gpu_prefix_cache_hit_rate",), combine="mean"),
-    GaugeKey.PENDING: Spelling(("kvscale_router:pending_requests",)),
+    GaugeKey.PENDING: Spelling(("kvscale_router_pending_requests",)),
 }
 
 HISTOGRAMS: dict[HistogramKey, Spelling] = {
@@ -109,6 +110,17 @@ HISTOGRAMS: dict[HistogramKey, Spelling] = {
         )
     ),
 }
+
+# vLLM's bucket bounds for the two latency histograms (kvscale's engine uses the same): an SLO
+# target is counted up to the bucket bound that holds it
+TTFT_BUCKETS = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
+    2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+)  # fmt: skip
+ITL_BUCKETS = (
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0,
+    2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
+)  # fmt: skip
 
 # Without these a replica's snapshot cannot be trusted: the laws read every one of them.
 REQUIRED_COUNTERS = (CounterKey.PROMPT_TOKENS, CounterKey.GENERATION_TOKENS)
@@ -149,3 +161,10 @@ def engine_of(family: str) -> str | None:
 def spelt_for(spelling: Spelling, engine: str | None) -> str:
     """The family to name when `spelling` is absent from an engine's /metrics: its own newest."""
     return next((n for n in spelling.names if engine_of(n) == engine), spelling.names[0])
+
+
+def bucket_at_or_above(target_s: float, buckets: tuple[float, ...]) -> str:
+    """The `le` of the first bucket that holds `target_s`, spelt without a trailing ".0" as the
+    recording rules spell the engines' bounds ("+Inf" above the last)."""
+    bound = next((b for b in buckets if b >= target_s), None)
+    return "+Inf" if bound is None else f"{bound:g}"

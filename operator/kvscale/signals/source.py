@@ -38,7 +38,7 @@ class Target:
 
     `pods` are the endpoint's Ready engine pods that have an IP (the operator lists them from
     the API server); `routers` are its router pods, read only for the pending-request gauge
-    (`kvscale_router:pending_requests`) that drives a scale from zero.
+    (`kvscale_router_pending_requests`) that drives a scale from zero.
     """
 
     namespace: str

@@ -216,7 +216,7 @@ def server_view(
         "num_preemptions": delta("vllm:num_preemptions_total"),
         "prompt_tokens": delta("vllm:prompt_tokens_total"),
         "generation_tokens": delta("vllm:generation_tokens_total"),
-        "admission_rejections": delta("kvscale:admission_rejections_total"),
+        "admission_rejections": delta("kvscale_engine_admission_rejections_total"),
     }
     for key, metric in (
         ("queue_depth", "vllm:num_requests_waiting"),

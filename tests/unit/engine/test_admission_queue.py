@@ -44,7 +44,7 @@ async def test_under_the_limit_a_request_is_admitted_at_once_and_counted_until_r
     queue.release(admitted)  # a second release is a no-op
     assert queue.active == 0 and queue.controller.in_flight == 0
     assert await queue.wait_idle(0.01)
-    assert _sample(queue, "kvscale:admission_queue_wait_seconds_count", traffic_class="fast")
+    assert _sample(queue, "kvscale_engine_admission_queue_wait_seconds_count", traffic_class="fast")
 
 
 async def test_a_queued_request_starts_when_a_slot_is_released() -> None:
@@ -69,7 +69,7 @@ async def test_a_request_queued_past_its_class_wait_is_refused_and_counted() -> 
     assert (refused.value.status, refused.value.reason) == (429, "timeout")
     assert queue.active == 1 and queue.queued == 0
     assert _sample(
-        queue, "kvscale:admission_rejections_total", reason="timeout", traffic_class="brief"
+        queue, "kvscale_engine_admission_rejections_total", reason="timeout", traffic_class="brief"
     )
     queue.release(first)
     assert await queue.wait_idle(0.01)

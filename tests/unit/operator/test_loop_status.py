@@ -148,12 +148,12 @@ def test_operator_metrics_render_and_forget() -> None:
     metrics.record(("ns", "ep"), d, snap(0.3), 8, True, 0.9, 0.5, 0.01)
     metrics.weights(("ns", "ep"), {"p0": 1.0, "p1": 0.0})
     text = generate_latest(metrics.registry).decode()
-    assert 'kvscale_operator:desired_replicas{endpoint="ep",namespace="ns"} 3.0' in text
-    assert 'kvscale_operator:scaling_decisions_total{endpoint="ep",namespace="ns",reason=' in text
-    assert 'kvscale_operator:routing_weight{endpoint="ep",namespace="ns",pod="p1"} 0.0' in text
-    assert 'kvscale_operator:gpu_hours_total{endpoint="ep",namespace="ns"} 0.5' in text
+    assert 'kvscale_operator_desired_replicas{endpoint="ep",namespace="ns"} 3.0' in text
+    assert 'kvscale_operator_scaling_decisions_total{endpoint="ep",namespace="ns",reason=' in text
+    assert 'kvscale_operator_routing_weight{endpoint="ep",namespace="ns",pod="p1"} 0.0' in text
+    assert 'kvscale_operator_gpu_seconds_total{endpoint="ep",namespace="ns"} 1800.0' in text
     metrics.forget(("ns", "ep"))
-    assert "kvscale_operator:desired_replicas{" not in generate_latest(metrics.registry).decode()
+    assert "kvscale_operator_desired_replicas{" not in generate_latest(metrics.registry).decode()
 
 
 def test_timestamps_are_rfc3339_in_whole_seconds_and_parse_back() -> None:

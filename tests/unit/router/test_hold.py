@@ -14,7 +14,7 @@ from kvscale_router.weights import Published
 
 
 def pending(metrics: RouterMetrics) -> float:
-    value = metrics.registry.get_sample_value("kvscale_router:pending_requests")
+    value = metrics.registry.get_sample_value("kvscale_router_pending_requests")
     assert value is not None
     return value
 

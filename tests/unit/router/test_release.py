@@ -38,7 +38,7 @@ def releaser(spare_tokens: float = 1000.0) -> Releaser:
 
 
 def sample(r: Releaser, name: str, **labels: str) -> float:
-    value = r.metrics.registry.get_sample_value(f"kvscale_router:{name}", labels)
+    value = r.metrics.registry.get_sample_value(f"kvscale_router_{name}", labels)
     return value or 0.0
 
 

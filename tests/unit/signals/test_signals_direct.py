@@ -142,7 +142,7 @@ async def test_pending_requests_from_the_routers_when_no_replica_is_ready() -> N
     async with farm("router-0") as replicas, DirectScrape() as source:
         router = replicas["router-0"]
         router.text = (
-            "# TYPE kvscale_router:pending_requests gauge\nkvscale_router:pending_requests 3\n"
+            "# TYPE kvscale_router_pending_requests gauge\nkvscale_router_pending_requests 3\n"
         )
         snap = await source.snapshot(target(routers=(router.address,)), time.time())
         assert snap.ok and snap.pending_requests == 3 and snap.replicas == ()

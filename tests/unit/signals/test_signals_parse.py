@@ -170,8 +170,8 @@ vllm:kv_cache_usage_perc{engine="1",model_name="m"} 0.75
 vllm:prompt_tokens_total{engine="0",model_name="m"} 10
 vllm:prompt_tokens_total{engine="1",model_name="m"} 20
 vllm:generation_tokens{engine="0",model_name="m"} 5
-kvscale:admission_rejections_total{reason="queue_full"} 2
-kvscale:admission_rejections_total{reason="draining"} 7
+kvscale_engine_admission_rejections_total{reason="queue_full"} 2
+kvscale_engine_admission_rejections_total{reason="draining"} 7
 vllm:time_to_first_token_seconds_bucket{engine="0",le="0.1"} 1
 vllm:time_to_first_token_seconds_bucket{engine="0",le="+Inf"} 2
 vllm:time_to_first_token_seconds_bucket{engine="1",le="0.1"} 3
@@ -195,8 +195,8 @@ def test_missing_names_what_is_absent() -> None:
         "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
         "vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds",
     }  # fmt: skip
-    assert raw.missing(router=True) == ("kvscale_router:pending_requests",)
-    router = parse_replica("kvscale_router:pending_requests 4\n", 1.0)
+    assert raw.missing(router=True) == ("kvscale_router_pending_requests",)
+    router = parse_replica("kvscale_router_pending_requests 4\n", 1.0)
     assert router.missing(router=True) == ()
     assert router.gauges[GaugeKey.PENDING] == 4
 
