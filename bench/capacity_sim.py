@@ -13,16 +13,25 @@ them. Settings per trace (rate scale to need several replicas, hours, step) are 
 recorded in the result; KVSCALE_SIM_HOURS="trace=hours,..." shortens a run (said in the result).
 Traces are read from `--traces-dir`'s default ($KVSCALE_TRACES_DIR or the cache;
 /work/shared/data/traces here).
+
+The `mixed` section (issue 21) runs kvscale.sim.mixed: interactive chat plus daily deferrable
+batch jobs served with deferral, all as interactive, and as two pools, against its own targets.
+`python -m bench.capacity_sim --mixed` reruns only that section and writes it into the existing
+results file, leaving the other sections as they were (`KVSCALE_SIM_TRACES=mixed` does the same
+inside a full `python -m bench capacity_sim`, which then writes the file anew).
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import time
 from pathlib import Path
 from typing import Any
 
 from kvscale.sim.compare import Scenario, compare
+from kvscale.sim.mixed import MixedScenario, compare_mixed
 from kvscale.sim.plots import write_plots
 from kvscale.sim.profile import load_profile
 from kvscale.sim.report import summarise
@@ -50,6 +59,9 @@ HOURS = {
     for k, v in (p.split("=") for p in os.environ.get("KVSCALE_SIM_HOURS", "").split(",") if p)
 }
 QUICK_HOURS = 0.5
+MIXED_HOURS = 24.0  # one day: both batch jobs and the evening peak
+MIXED_DT_S = 2.0
+RESULT = Path(__file__).parent / "results" / "capacity_sim.json"
 
 
 def run(quick: bool = False) -> dict[str, Any]:
@@ -76,6 +88,7 @@ def run(quick: bool = False) -> dict[str, Any]:
         report["plots"] = [str(p.relative_to(PLOTS.parents[1])) for p in write_plots(result, PLOTS)]
         out[name] = report
         print(f"capacity_sim: {name} done in {report['wall_s']} s", flush=True)
+    mixed = run_mixed(quick) if not ONLY or "mixed" in ONLY else None
     return {
         "what": "kvscale's capacity law (defaults) vs the oracle and tuned baselines (static, "
         "reactive, HPA on running requests and KV usage, KEDA on waiting requests and token "
@@ -87,7 +100,38 @@ def run(quick: bool = False) -> dict[str, Any]:
         "quick": quick,
         "traces": out,
         "targets_met": {t: {k: v["met"] for k, v in r["targets"].items()} for t, r in out.items()},
+        **({"mixed": mixed} if mixed is not None else {}),
     }
+
+
+def run_mixed(quick: bool = False) -> dict[str, Any]:
+    """The mixed section: one run of the three setups (kvscale.sim.mixed)."""
+    start = time.perf_counter()
+    scenario = MixedScenario(
+        traces_dir=default_traces_dir(),
+        profile=load_profile(PROFILE),
+        hours=QUICK_HOURS if quick else MIXED_HOURS,
+        settings=Settings(dt_s=MIXED_DT_S),
+    )
+    report = compare_mixed(scenario)
+    report["law"] = _law_version()
+    report["quick"] = quick
+    report["wall_s"] = round(time.perf_counter() - start, 1)
+    print(f"capacity_sim: mixed done in {report['wall_s']} s", flush=True)
+    return report
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.capacity_sim", description=__doc__)
+    parser.add_argument(
+        "--mixed", action="store_true", required=True, help="only the mixed section"
+    )
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    result = json.loads(RESULT.read_text()) if RESULT.exists() else {"benchmark": "capacity_sim"}
+    result["mixed"] = run_mixed(args.quick)
+    RESULT.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"capacity_sim: wrote the mixed section of {RESULT}")
 
 
 def _law_version() -> str:
@@ -108,3 +152,7 @@ def _law_version() -> str:
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return f"{head}{' (modified)' if dirty else ''}"
+
+
+if __name__ == "__main__":
+    main()

@@ -127,6 +127,32 @@ MALFORMED: list[tuple[str, dict[str, Any], str]] = [
         "maxQueueWaitSeconds",
     ),
     (
+        "deferrable-wait-under-deadline",
+        with_spec(
+            spec__trafficClasses=[
+                {"name": "batch", "deadlineSeconds": 3600, "maxQueueWaitSeconds": 60}
+            ]
+        ),
+        "maxQueueWaitSeconds must be at least its deadlineSeconds",
+    ),
+    (
+        "interactive-wait-of-an-hour-and-more",
+        with_spec(spec__trafficClasses=[{"name": "chat", "maxQueueWaitSeconds": 7200}]),
+        "needs a deferrable class",
+    ),
+    (
+        "deadline-over-a-day",
+        with_spec(spec__trafficClasses=[{"name": "batch", "deadlineSeconds": 90000}]),
+        "deadlineSeconds",
+    ),
+    (
+        "five-deferrable-classes",
+        with_spec(
+            spec__trafficClasses=[{"name": f"b{i}", "deadlineSeconds": 600} for i in range(5)]
+        ),
+        "at most 4 trafficClasses may set deadlineSeconds",
+    ),
+    (
         "prometheus-without-url",
         with_spec(spec__scaling={"signals": {"source": "prometheus"}}),
         "prometheusUrl is required when source is prometheus",
@@ -325,6 +351,17 @@ ACCEPTED: list[tuple[str, dict[str, Any], tuple[str, ...], Any]] = [
         ),
         ("scaling", "signals", "prometheusUrl"),
         "http://prom.mon.svc:9090",
+    ),
+    (
+        "deferrable-class-without-a-queue-wait",
+        with_spec(
+            spec__trafficClasses=[{"name": "chat"}, {"name": "batch", "deadlineSeconds": 14400}]
+        ),
+        ("trafficClasses",),
+        [
+            {"name": "chat", "priority": 0},
+            {"name": "batch", "priority": 0, "deadlineSeconds": 14400},
+        ],
     ),
     ("longest-name", with_spec(metadata__name="n" * 55), ("model", "name"), "tiny"),
 ]

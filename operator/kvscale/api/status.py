@@ -69,6 +69,10 @@ class CapacityStatus(_Status):
     demand_tokens_per_second: float | None = None
     forecast_tokens_per_second: float | None = None
     per_replica_tokens_per_second: float | None = None
+    deferred_tokens_per_second: Annotated[
+        float | None,
+        Field(description="The rate the deferred backlog's deadlines require (counted in demand)."),
+    ] = None
     startup_seconds: Seconds = None
     forecast_error: Amount = None
     victim: str | None = None
@@ -97,6 +101,38 @@ class SLOStatus(_Status):
         list[int],
         Field(max_length=60, description="Recent minutes: 1 within the SLO, 0 not (oldest first)."),
     ] = []
+
+
+class TrafficClassStatus(_Status):
+    """One traffic class: an interactive one's SLO attainment, a deferrable one's deadlines."""
+
+    name: str
+    deferrable: bool = False
+    slo_attainment: Annotated[
+        float | None,
+        Field(
+            ge=0,
+            le=1,
+            description="Interactive: status.slo.attainment (engines measure latency per "
+            "endpoint, not per class).",
+        ),
+    ] = None
+    deadline_attainment: Annotated[
+        float | None,
+        Field(
+            ge=0, le=1, description="Deferrable: completions within the deadline, since `since`."
+        ),
+    ] = None
+    deadline_met: Amount = None
+    deadline_missed: Amount = None
+    backlog_requests: Amount = None
+    backlog_tokens: Amount = None
+    oldest_age_seconds: Seconds = None
+    valley_tokens: Annotated[
+        float | None,
+        Field(ge=0, description="Tokens served from spare capacity (released, not forced)."),
+    ] = None
+    since: Time = None
 
 
 class CostStatus(_Status):
@@ -145,3 +181,13 @@ class LLMEndpointStatus(_Status):
     slo: SLOStatus | None = None
     cost: CostStatus | None = None
     decisions: Annotated[list[Decision], Field(max_length=10)] = []
+    traffic_classes: Annotated[
+        list[TrafficClassStatus],
+        Field(
+            max_length=16,
+            json_schema_extra={
+                "x-kubernetes-list-type": "map",
+                "x-kubernetes-list-map-keys": ["name"],
+            },
+        ),
+    ] = []

@@ -278,17 +278,93 @@ class SLOSpec(_Model):
     ] = 0.99
 
 
+MAX_DEFERRABLE_CLASSES = 4
+INTERACTIVE_QUEUE_WAIT_SECONDS = 30.0  # an interactive class's maxQueueWaitSeconds when unset
+INTERACTIVE_QUEUE_WAIT_LIMIT = 3600
+DEADLINE_LIMIT = 86_400
+QUEUE_WAIT_UNDER_DEADLINE = (
+    "a deferrable class's maxQueueWaitSeconds must be at least its deadlineSeconds (the router "
+    "holds its requests until the deadline; leave maxQueueWaitSeconds out and it is the deadline)"
+)
+LONG_WAIT_NEEDS_DEADLINE = (
+    f"maxQueueWaitSeconds above {INTERACTIVE_QUEUE_WAIT_LIMIT} needs a deferrable class "
+    "(set deadlineSeconds)"
+)
+TOO_MANY_DEFERRABLE = f"at most {MAX_DEFERRABLE_CLASSES} trafficClasses may set deadlineSeconds"
+
+
+# An interactive class (no deadline) carries the latency SLO and is admitted or refused at once;
+# a deferrable class (deadlineSeconds) is held by the router, earliest deadline first, and released
+# into spare capacity, and the capacity law counts only the rate its deadlines require.
 class TrafficClass(_Model):
+    model_config = ConfigDict(
+        json_schema_extra=_rules(
+            (
+                "!has(self.deadlineSeconds) || !has(self.maxQueueWaitSeconds) "
+                "|| self.maxQueueWaitSeconds >= self.deadlineSeconds",
+                QUEUE_WAIT_UNDER_DEADLINE,
+            ),
+            (
+                "has(self.deadlineSeconds) || !has(self.maxQueueWaitSeconds) "
+                f"|| self.maxQueueWaitSeconds <= {INTERACTIVE_QUEUE_WAIT_LIMIT}",
+                LONG_WAIT_NEEDS_DEADLINE,
+            ),
+        )
+    )
     name: Annotated[str, Field(min_length=1, max_length=63, pattern=DNS_LABEL)]
     priority: Annotated[int, Field(ge=0, le=1000, description="Higher is admitted first.")] = 0
     max_queue_wait_seconds: Annotated[
-        float,
+        float | None,
         Field(
             gt=0,
-            le=3600,
-            description="A request that would wait longer is refused with 429.",
+            le=DEADLINE_LIMIT,
+            description="A request that would wait longer is refused with 429 (default: 30 s for "
+            "an interactive class, the deadline for a deferrable one).",
         ),
-    ] = 30.0
+    ] = None
+    deadline_seconds: Annotated[
+        float | None,
+        Field(
+            gt=0,
+            le=DEADLINE_LIMIT,
+            description="Makes the class deferrable: each request must complete within this many "
+            "seconds of arrival, and is held until spare capacity (or its deadline) releases it.",
+        ),
+    ] = None
+
+    @model_validator(mode="after")
+    def _queue_wait(self) -> TrafficClass:
+        wait = self.max_queue_wait_seconds
+        if wait is None:
+            return self
+        if self.deadline_seconds is not None and wait < self.deadline_seconds:
+            raise ValueError(QUEUE_WAIT_UNDER_DEADLINE)
+        if self.deadline_seconds is None and wait > INTERACTIVE_QUEUE_WAIT_LIMIT:
+            raise ValueError(LONG_WAIT_NEEDS_DEADLINE)
+        return self
+
+    @property
+    def deferrable(self) -> bool:
+        return self.deadline_seconds is not None
+
+    @property
+    def queue_wait_seconds(self) -> float:
+        """The queue-wait limit in force: as set, else the deadline or the interactive default."""
+        if self.max_queue_wait_seconds is not None:
+            return self.max_queue_wait_seconds
+        return self.deadline_seconds or INTERACTIVE_QUEUE_WAIT_SECONDS
+
+    def rendered(self) -> dict[str, Any]:
+        """The class as `--traffic-classes` carries it to the engine and the router
+        (engine-image/traffic-classes.schema.json); `deadlineSeconds` only when deferrable."""
+        out: dict[str, Any] = {
+            "name": self.name,
+            "priority": self.priority,
+            "maxQueueWaitSeconds": self.queue_wait_seconds,
+        }
+        if self.deadline_seconds is not None:
+            out["deadlineSeconds"] = self.deadline_seconds
+        return out
 
 
 # --- spec.scaling / cost ------------------------------------------------------------------
@@ -390,6 +466,12 @@ class LLMEndpointSpec(_Model):
                 "trafficClasses names must be unique",
             ),
             (
+                "!has(self.trafficClasses) || "
+                "self.trafficClasses.filter(c, has(c.deadlineSeconds)).size() "
+                f"<= {MAX_DEFERRABLE_CLASSES}",
+                TOO_MANY_DEFERRABLE,
+            ),
+            (
                 "!has(self.engine) || !has(self.engine.maxNumBatchedTokens) "
                 "|| !has(self.engine.maxNumSeqs) "
                 "|| self.engine.maxNumBatchedTokens >= self.engine.maxNumSeqs",
@@ -418,6 +500,8 @@ class LLMEndpointSpec(_Model):
         names = [c.name for c in self.traffic_classes]
         if len(names) != len(set(names)):
             raise ValueError("trafficClasses names must be unique")
+        if sum(c.deferrable for c in self.traffic_classes) > MAX_DEFERRABLE_CLASSES:
+            raise ValueError(TOO_MANY_DEFERRABLE)
         if self.replicas is not None and self.replicas > self.scaling.max_replicas:
             raise ValueError("spec.replicas must not exceed scaling.maxReplicas")
         return self

@@ -66,7 +66,7 @@ def model_location(spec: api.LLMEndpointSpec) -> str:
 
 
 def _traffic_classes(spec: api.LLMEndpointSpec) -> str:
-    classes = [c.model_dump(by_alias=True) for c in spec.traffic_classes]
+    classes = [c.rendered() for c in spec.traffic_classes]
     return json.dumps(classes, separators=(",", ":"))
 
 

@@ -58,7 +58,7 @@ def router_args(owner: Owner, spec: api.LLMEndpointSpec) -> list[str]:
         "--drain-seconds", str(ROUTER_DRAIN_SECONDS),
     ]  # fmt: skip
     if spec.traffic_classes:
-        classes = [c.model_dump(by_alias=True) for c in spec.traffic_classes]
+        classes = [c.rendered() for c in spec.traffic_classes]
         args += ["--traffic-classes", json.dumps(classes, separators=(",", ":"))]
     return args
 

@@ -21,6 +21,11 @@ simulator and the decide benchmark all hold one. The law:
   2<->1 oscillation);
 - scales to zero after `scaleToZeroAfterSeconds` of idleness when `minReplicas` is 0, and from
   zero as soon as requests are held for it (the router's pending demand);
+- counts deferrable classes' work at the rate their deadlines require (`deferred`), not as demand
+  now: the replicas' token rates less what they served of deferred work is the interactive demand
+  that is forecast and sized with the headroom; the deferred rate is added on top, so spare
+  capacity carries it first and a replica is added for it only when deadlines require one, and a
+  scale-in waits while N-1 replicas could not carry both;
 - never adds more than one replica beyond those the scheduler could place;
 - holds its last decision when signals are missing, stale or unreachable: it never scales down
   blind.
@@ -35,6 +40,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from kvscale.api.v1alpha1 import LLMEndpointSpec
+from kvscale.controllers.deferred import required_tokens_per_s
 from kvscale.controllers.demand import demand, needed
 from kvscale.controllers.forecast import Forecaster
 from kvscale.controllers.replica_capacity import Observation, ReplicaCapacity
@@ -92,6 +98,7 @@ class Decision:
     forecast_tokens_per_s: float = 0.0
     per_replica_tokens_per_s: float = 0.0
     victim: str | None = None
+    deferred_tokens_per_s: float = 0.0  # the rate the deferred backlog's deadlines require
 
 
 @dataclass(frozen=True)
@@ -106,6 +113,7 @@ class _Tick:
     forecast: float
     capacity: float
     horizon: float
+    deferred: float  # tokens/s the deferred backlog's deadlines require
 
 
 def history_length(spec: LLMEndpointSpec) -> int:
@@ -182,8 +190,19 @@ def _observe(
         measured = snap.fleet.startup_seconds
         startup = measured if startup is None else startup + STARTUP_WEIGHT * (measured - startup)
     state = replace(state, startup_s=startup)
-    observed = demand(snap, prev, interval, _reaction_s(spec, state), spec.model.max_model_len)
+    observed = _interactive(
+        snap, prev, interval, _reaction_s(spec, state), spec.model.max_model_len
+    )
     return replace(state, forecaster=state.forecaster.observe(observed, now))
+
+
+def _interactive(
+    snap: Snapshot, prev: Snapshot | None, interval_s: float, clear_s: float, max_len: int
+) -> float:
+    """Demand now: what the replicas served and were asked for, less the deferred work they
+    served (released from the routers' queues into spare capacity, it is not demand now)."""
+    asked = demand(snap, prev, interval_s, clear_s, max_len)
+    return max(0.0, asked - snap.deferred_served_tokens_per_s)
 
 
 def _reaction_s(spec: LLMEndpointSpec, state: CapacityState) -> float:
@@ -232,11 +251,13 @@ def _tick(
     reaction = _reaction_s(spec, state)
     horizon = min(reaction, float(scaling.forecast_horizon_seconds))
     recent = [
-        demand(s, p, interval, reaction, spec.model.max_model_len)
+        _interactive(s, p, interval, reaction, spec.model.max_model_len)
         for p, s in zip([None, *history[:-1]], history, strict=True)
         if s.ok and now - s.taken_at <= scaling.scale_down_stabilization_seconds
     ]
-    now_demand = demand(snap, _previous(history), interval, reaction, spec.model.max_model_len)
+    now_demand = _interactive(
+        snap, _previous(history), interval, reaction, spec.model.max_model_len
+    )
     peak = max([*recent, now_demand])
     return _Tick(
         now=now,
@@ -247,6 +268,7 @@ def _tick(
         forecast=state.forecaster.predict(now + horizon) if horizon else now_demand,
         capacity=state.capacity.value(scaling.replica_capacity_tokens_per_second),
         horizon=horizon,
+        deferred=required_tokens_per_s(snap.deferred),
     )
 
 
@@ -280,15 +302,18 @@ def _choose(
     scaling = spec.scaling
     snap = history[-1]
     load = max(tick.demand, tick.forecast)
-    want = needed(load, tick.capacity, scaling.headroom)
+    interactive = needed(load, tick.capacity, scaling.headroom)
+    want = _with_deferred(load, tick, scaling.headroom)
     sizing = (
         f"demand {tick.demand:.0f} tokens/s, forecast {tick.forecast:.0f} over "
         f"{tick.horizon:.0f} s, {tick.capacity:.0f} tokens/s per replica"
     )
+    if tick.deferred > 0:
+        sizing += f", deferred work due at {tick.deferred:.0f} tokens/s"
     if tick.current == 0:
-        if snap.pending_requests > 0 or tick.demand > 0:
+        if snap.pending_requests > 0 or tick.demand > 0 or snap.deferred_tokens > 0:
             # what waits now, not a trend extrapolated from an empty endpoint
-            first = max(1, needed(tick.demand, tick.capacity, scaling.headroom))
+            first = max(1, _with_deferred(tick.demand, tick, scaling.headroom))
             return first, "ScaleFromZero", f"Requests are waiting for a replica ({sizing})"
         return 0, "ScaledToZero", "No demand and no replicas"
     panic = _panic(history, spec, tick)
@@ -299,8 +324,18 @@ def _choose(
         if target > tick.current:
             return target, panic, f"{_PANIC_TEXT[panic]}: adding replicas at once ({sizing})"
     if want > tick.current:
+        if interactive <= tick.current:
+            return want, "DeadlinesRequire", f"Deferred work would miss its deadlines ({sizing})"
         return want, "DemandForecast", f"Scaling up for {sizing}"
     return _maybe_down(spec, state, tick, want, sizing)
+
+
+def _with_deferred(load: float, tick: _Tick, headroom: float) -> int:
+    """Replicas for interactive `load` with its headroom plus the deferred rate on top: spare
+    capacity carries the deferred work before it asks for a replica of its own."""
+    if tick.deferred <= 0:
+        return needed(load, tick.capacity, headroom)
+    return math.ceil((load * (1 + headroom) + tick.deferred) / tick.capacity - 1e-9)
 
 
 _PANIC_TEXT = {
@@ -327,8 +362,10 @@ def _maybe_down(
     # the less the forecast can be trusted (bursty traffic), the more N-1 must have to spare
     margin = min(max(SCALE_DOWN_MARGIN, state.forecaster.error or 0.0), MAX_MARGIN)
     room = (n - 1) * tick.capacity * (1 - margin)
-    fits = max(tick.peak, tick.forecast) * (1 + scaling.headroom) <= room
-    if not fits:
+    interactive = max(tick.peak, tick.forecast) * (1 + scaling.headroom)
+    if interactive + tick.deferred > room:
+        if interactive <= room:
+            return n, "DeadlinesHold", f"{n - 1} replicas would miss deferred deadlines ({sizing})"
         return n, "Stable", f"{n} replicas needed ({sizing})"
     low_for = tick.now - state.low_since if state.low_since is not None else 0.0
     if low_for < scaling.scale_down_stabilization_seconds:
@@ -375,7 +412,12 @@ def _finish(
             f"{fleet.unschedulable} replica(s) cannot be scheduled ({fleet.unschedulable_reason}); "
             f"holding at {desired}, one beyond what runs"
         )
-    idle = tick.demand == 0 and snap.running == 0 and snap.pending_requests == 0
+    idle = (
+        tick.demand == 0
+        and snap.running == 0
+        and snap.pending_requests == 0
+        and snap.deferred_tokens == 0
+    )
     new_state = replace(
         state,
         desired=desired,
@@ -398,6 +440,7 @@ def _finish(
         forecast_tokens_per_s=tick.forecast,
         per_replica_tokens_per_s=tick.capacity,
         victim=victim,
+        deferred_tokens_per_s=tick.deferred,
     )
 
 

@@ -19,8 +19,9 @@ from dataclasses import dataclass
 import aiohttp
 
 from kvscale.signals.contract import GaugeKey
+from kvscale.signals.deferred import DeferredReading, backlogs, parse_router
 from kvscale.signals.raw import RawSample, parse_replica
-from kvscale.signals.snapshot import Problem, Snapshot
+from kvscale.signals.snapshot import DeferredBacklog, Problem, Snapshot
 from kvscale.signals.source import PodAddress, SignalSource, Target, Trouble, judged, replicas_named
 from kvscale.signals.window import (
     ReplicaWindow,
@@ -40,6 +41,7 @@ class Scraped:
     pod: str
     sample: RawSample | None
     error: str = ""
+    deferred: DeferredReading | None = None  # a router's deferred queue
 
 
 class DirectScrape(SignalSource):
@@ -69,11 +71,13 @@ class DirectScrape(SignalSource):
         self._clock = clock
         self._samples: dict[tuple[str, str], dict[str, list[RawSample]]] = {}
         self._keep_s: dict[tuple[str, str], float] = {}  # the longest window asked per endpoint
+        # per endpoint, per router pod: its deferred readings over the window (counter rates)
+        self._deferred: dict[tuple[str, str], dict[str, list[DeferredReading]]] = {}
 
     async def snapshot(self, target: Target, now: float) -> Snapshot:
         engines, routers = await asyncio.gather(
             asyncio.gather(*(self._scrape(target, pod) for pod in target.pods)),
-            asyncio.gather(*(self._scrape(target, pod) for pod in target.routers)),
+            asyncio.gather(*(self._scrape(target, pod, router=True) for pod in target.routers)),
         )
         windows, troubles = self._windows(target, engines, now)
         pending, router_troubles = _pending(routers)
@@ -87,11 +91,34 @@ class DirectScrape(SignalSource):
             endpoint_prefix_hit_rate(windows),
             pending,
             troubles,
+            self._backlogs(target, routers),
         )
+
+    def _backlogs(self, target: Target, routers: list[Scraped]) -> tuple[DeferredBacklog, ...]:
+        """The routers' deferred queues, with counter rates over the window per router."""
+        store = self._deferred.setdefault(target.key, {})
+        for name in set(store) - {r.pod for r in routers}:
+            del store[name]
+        newest, base = [], []
+        for r in routers:
+            history = store.setdefault(r.pod, [])
+            if r.deferred is not None:
+                history.append(r.deferred)
+            if not history:
+                continue
+            latest = history[-1]
+            older = [h for h in history[:-1] if h.taken_at <= latest.taken_at - target.window_s]
+            before = older[-1] if older else (history[0] if len(history) > 1 else None)
+            del history[: history.index(before) if before is not None else len(history) - 1]
+            del history[:-MAX_SAMPLES_PER_POD]
+            newest.append(latest)
+            base.append(before)
+        return backlogs(newest, base)
 
     def forget(self, namespace: str, endpoint: str) -> None:
         self._samples.pop((namespace, endpoint), None)
         self._keep_s.pop((namespace, endpoint), None)
+        self._deferred.pop((namespace, endpoint), None)
 
     async def aclose(self) -> None:
         if self._owns_session and self._session is not None:
@@ -104,7 +131,7 @@ class DirectScrape(SignalSource):
             self._session = aiohttp.ClientSession(connector=connector, timeout=self._timeout)
         return self._session
 
-    async def _scrape(self, target: Target, pod: PodAddress) -> Scraped:
+    async def _scrape(self, target: Target, pod: PodAddress, router: bool = False) -> Scraped:
         url = f"{pod.base_url}{target.metrics_path}"
         async with self._limit:
             try:
@@ -116,7 +143,9 @@ class DirectScrape(SignalSource):
                 return Scraped(pod.name, None, f"no answer within {self._timeout.total:g} s")
             except aiohttp.ClientError as err:
                 return Scraped(pod.name, None, f"{type(err).__name__}: {err}")
-        return Scraped(pod.name, parse_replica(body.decode(errors="replace"), self._clock()))
+        text, at = body.decode(errors="replace"), self._clock()
+        deferred = parse_router(text, at) if router else None
+        return Scraped(pod.name, parse_replica(text, at), deferred=deferred)
 
     def _windows(
         self, target: Target, scraped: list[Scraped], now: float

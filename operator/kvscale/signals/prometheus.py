@@ -18,13 +18,15 @@ from __future__ import annotations
 
 import asyncio
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 import requests
 from prometheus_api_client import PrometheusConnect
 from prometheus_api_client.exceptions import PrometheusApiClientException
 from urllib3.util.retry import Retry
 
+from kvscale.signals import deferred as dq
 from kvscale.signals.contract import (
     COUNTERS,
     GAUGES,
@@ -38,7 +40,7 @@ from kvscale.signals.contract import (
     Spelling,
     counter_sample_names,
 )
-from kvscale.signals.snapshot import Latency, Problem, ReplicaSignals, Snapshot
+from kvscale.signals.snapshot import DeferredBacklog, Latency, Problem, ReplicaSignals, Snapshot
 from kvscale.signals.source import SignalSource, Target, Trouble, judged, replicas_named
 
 QUANTILES = (0.5, 0.99)
@@ -91,6 +93,17 @@ class Queries:
     def pending(self) -> str:
         return f"sum({GAUGES[GaugeKey.PENDING].names[0]}{self.selector(routers=True)})"
 
+    def deferred(self) -> dict[str, str]:
+        """The routers' deferred queue (signals/deferred.py), by class and bucket or label."""
+        sel, w = self.selector(routers=True), self.window
+        return {
+            "requests": f"sum by (traffic_class) ({dq.REQUESTS}{sel})",
+            "oldest": f"max by (traffic_class) ({dq.OLDEST}{sel})",
+            "tokens": f"sum by (traffic_class, due_within) ({dq.TOKENS}{sel})",
+            "served": f"sum by (traffic_class, release) (rate({dq.SERVED}_total{sel}[{w}]))",
+            "completed": f"sum by (traffic_class, outcome) (rate({dq.COMPLETED}_total{sel}[{w}]))",
+        }
+
 
 class PrometheusSource(SignalSource):
     """Asks one Prometheus. `PrometheusSource("http://prometheus:9090", timeout_s=5.0)`."""
@@ -104,9 +117,10 @@ class PrometheusSource(SignalSource):
         queries = Queries(target)
         try:
             pending = await self._pending(queries, now)
+            deferred = await self._deferred(queries, now)
             if not target.pods:
-                return judged(target, now, [], Latency(), None, pending, [])
-            return await self._engines(queries, now, pending)
+                return judged(target, now, [], Latency(), None, pending, [], deferred)
+            return replace(await self._engines(queries, now, pending), deferred=deferred)
         except (requests.RequestException, PrometheusApiClientException, ValueError) as err:
             why = f"Prometheus at {self.url} could not be queried ({_short(err)})"
             return judged(
@@ -120,6 +134,17 @@ class PrometheusSource(SignalSource):
         if not queries.target.routers:
             return 0.0
         return sum((await self._query(queries.pending(), now, by_pod=False)).values())
+
+    async def _deferred(self, queries: Queries, now: float) -> tuple[DeferredBacklog, ...]:
+        if not queries.target.routers:
+            return ()
+        texts = queries.deferred()
+        at = {"time": f"{now:.3f}"}
+        answers = await asyncio.gather(
+            *(asyncio.to_thread(self._prom.custom_query, t, at) for t in texts.values())
+        )
+        got = dict(zip(texts, answers, strict=True))
+        return deferred_from_vectors(got)
 
     async def _engines(self, queries: Queries, now: float, pending: float) -> Snapshot:
         target = queries.target
@@ -224,6 +249,34 @@ def _signals(pod: str, got: dict[object, PerPod], now: float) -> ReplicaSignals:
         ),
         prefix_hit_rate=hit_rate,
         sample_age_s=max(0.0, now - newest) if newest is not None else 0.0,
+    )
+
+
+def deferred_from_vectors(got: dict[str, list[dict[str, Any]]]) -> tuple[DeferredBacklog, ...]:
+    """The backlogs from the instant vectors of `Queries.deferred()`, keyed alike."""
+
+    def per(answer: list[dict[str, Any]], *labels: str) -> dict[tuple[str, ...], float]:
+        return {
+            tuple(s["metric"].get(label, "") for label in labels): float(s["value"][1])
+            for s in answer
+        }
+
+    due: dict[str, dict[float, float]] = {}
+    for (cls, bound), tokens in per(got["tokens"], "traffic_class", "due_within").items():
+        if bound:
+            due.setdefault(cls, {})[float(bound)] = tokens
+    rates: dict[tuple[str, str], dict[str, float]] = {}
+    for key, label, series in (
+        ("served", "release", dq.SERVED),
+        ("completed", "outcome", dq.COMPLETED),
+    ):
+        for (cls, value), rate in per(got[key], "traffic_class", label).items():
+            rates.setdefault((series, value), {})[cls] = rate
+    return dq.from_series(
+        {c: v for (c,), v in per(got["requests"], "traffic_class").items()},
+        {c: v for (c,), v in per(got["oldest"], "traffic_class").items()},
+        due,
+        rates,
     )
 
 

@@ -67,6 +67,37 @@ class Fleet:
 
 
 @dataclass(frozen=True)
+class DeferredBacklog:
+    """One deferrable class's requests the routers hold (earliest deadline first), summed over
+    the routers, and what the replicas served of the class over the window.
+
+    From the routers' `kvscale_router:deferred_*` series (signals/deferred.py names them); the
+    simulator fills it from its own queue. `due` is cumulative, as a Prometheus histogram's
+    buckets: (seconds, tokens of the held requests due within that many seconds of now), seconds
+    ascending; +Inf, if present, holds every held token. A request's tokens are its prompt plus
+    its `max_tokens` (what it may still cost).
+    """
+
+    traffic_class: str
+    requests: float = 0.0
+    oldest_age_s: float | None = None
+    due: tuple[tuple[float, float], ...] = ()
+    served_tokens_per_s: float = 0.0  # the class's prompt + generated tokens the replicas served
+    valley_tokens_per_s: float = 0.0  # ... of those, released into spare capacity
+    met_per_s: float = 0.0  # completions within their deadline
+    missed_per_s: float = 0.0  # completions past it, and requests refused as too late
+
+    @property
+    def tokens(self) -> float:
+        return max((tokens for _, tokens in self.due), default=0.0)
+
+    @property
+    def deadline_attainment(self) -> float | None:
+        done = self.met_per_s + self.missed_per_s
+        return self.met_per_s / done if done > 0 else None
+
+
+@dataclass(frozen=True)
 class Snapshot:
     """One endpoint at one tick: per-replica values, endpoint totals and quantiles, its age."""
 
@@ -79,10 +110,20 @@ class Snapshot:
     message: str = ""
     pending_requests: float = 0.0  # held by the router while no replica is ready (from zero)
     fleet: Fleet = field(default_factory=Fleet)
+    deferred: tuple[DeferredBacklog, ...] = ()  # one per deferrable class the routers hold
 
     @property
     def ok(self) -> bool:
         return self.problem is None
+
+    @property
+    def deferred_tokens(self) -> float:
+        return sum(d.tokens for d in self.deferred)
+
+    @property
+    def deferred_served_tokens_per_s(self) -> float:
+        """Of the replicas' token rates, the part that served deferred work (not demand now)."""
+        return sum(d.served_tokens_per_s for d in self.deferred)
 
     @property
     def newest_sample_age_s(self) -> float | None:

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from types import TracebackType
 
-from kvscale.signals.snapshot import Latency, Problem, ReplicaSignals, Snapshot
+from kvscale.signals.snapshot import DeferredBacklog, Latency, Problem, ReplicaSignals, Snapshot
 
 STALE_INTERVALS = 3  # a sample older than this many capacity intervals is stale
 
@@ -123,6 +123,7 @@ def judged(
     prefix_hit_rate: float | None,
     pending: float,
     troubles: Sequence[Trouble],
+    deferred: tuple[DeferredBacklog, ...] = (),
 ) -> Snapshot:
     """The snapshot with its problem: the gravest trouble wins, the message names them all."""
     troubles = [*troubles, *_stale(target, replicas)]
@@ -141,6 +142,7 @@ def judged(
         problem=problem,
         message=message,
         pending_requests=pending,
+        deferred=deferred,
     )
 
 

@@ -21,7 +21,7 @@ import numpy as np
 
 from kvscale.signals.snapshot import Fleet
 from kvscale.sim.arrivals import Batch
-from kvscale.sim.engine import Engines, F, IntA, Limits
+from kvscale.sim.engine import Deferred, Engines, F, IntA, Limits
 from kvscale.sim.profile import EngineProfile
 
 RECENT_STARTUPS = 5
@@ -139,11 +139,14 @@ class Endpoint:
             if t0 < r.ready_at <= t1 and r.ready_at > r.created_at:
                 self.startups.append(r.ready_at - r.created_at)
 
-    def route(self, batch: Batch, t: float) -> None:
-        routable = [r.slot for r in self.replicas.values() if r.ready(t) and not r.draining]
+    def routable(self, t: float) -> list[int]:
+        return [r.slot for r in self.replicas.values() if r.ready(t) and not r.draining]
+
+    def route(self, batch: Batch, t: float, deferred: Deferred | None = None) -> None:
+        routable = self.routable(t)
         held = self.engines.held()
         if not routable:
-            self.engines.add(batch, np.full(len(batch), -1, dtype=np.int64))
+            self.engines.add(batch, np.full(len(batch), -1, dtype=np.int64), deferred)
             return
         slots = np.array(routable, dtype=np.int64)
         load = self._load(slots)
@@ -151,7 +154,7 @@ class Endpoint:
             self.engines.place_held(self._spread(slots, load, held))
             load = self._load(slots)
         if len(batch):
-            self.engines.add(batch, self._spread(slots, load, len(batch)))
+            self.engines.add(batch, self._spread(slots, load, len(batch)), deferred)
 
     def _load(self, slots: IntA) -> F:
         """Queued requests, plus the running batch as a share of maxNumSeqs (ties)."""

@@ -11,6 +11,11 @@ fixed for the `dt` (taken at its start), steps are fractional, and a step's time
 profile (decode step by batch and context, plus the prefill chunk at the profile's rate). What it
 does not model: per-request prefix-cache misses (Mooncake's hits are taken as ideal), sampling
 cost per request, and the order of tokens inside a step.
+
+Deferrable requests (mixed workloads, sim/deferral.py) carry a deadline and may run at the lowest
+priority: waiting low-priority requests are admitted and prefilled after every interactive one of
+their replica, and being the newest they are the first preempted when the KV cache overflows.
+Each request has its own queue-wait limit (a deferrable class's is its deadline).
 """
 
 from __future__ import annotations
@@ -37,6 +42,8 @@ ITL_BUCKETS = np.array([
     2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
 ])  # fmt: skip
 COUNTERS = ("prompt_tokens", "generation_tokens", "successes", "refusals", "preemptions")
+# deferred requests' prompt + generated tokens, and of those the ones released into spare capacity
+DEFERRED_COUNTERS = ("deferred_tokens", "valley_tokens")
 
 
 @dataclass(frozen=True)
@@ -59,6 +66,11 @@ class StepOutcome:
     done_tpot: F  # mean inter-token time of each completed request
     done_tokens: F  # prompt + output tokens of each completed request
     refused_at: F  # arrival times of refused requests
+    first_deferred: B  # which of first_at are deferrable requests (not judged by the SLO)
+    done_deadline: F  # the completed requests' deadlines (inf: interactive)
+    done_end: F  # when they completed
+    done_valley: B  # deferred and released into spare capacity
+    refused_deadline: F  # the refused requests' deadlines (inf: interactive)
     itl_gap: F  # step gaps seen by decoding sequences ...
     itl_weight: F  # ... and how many tokens saw each gap
     busy: F  # per slot, share of the step the replica computed
@@ -70,7 +82,7 @@ class Engines:
     def __init__(self, profile: EngineProfile, limits: Limits, slots: int) -> None:
         self.profile, self.limits = profile, limits
         self.slots = slots
-        self.counters = {name: np.zeros(slots) for name in COUNTERS}
+        self.counters = {name: np.zeros(slots) for name in COUNTERS + DEFERRED_COUNTERS}
         self.ttft_hist = np.zeros((slots, len(TTFT_BUCKETS) + 1))
         self.itl_hist = np.zeros((slots, len(ITL_BUCKETS) + 1))
         self._seq = 0
@@ -79,6 +91,8 @@ class Engines:
         self.rep, self.at, self.inp, self.out, self.cached = zi, z, zi, zi, zi
         self.left, self.gen, self.first, self.seq = z, z, z, zi
         self.running = np.zeros(0, dtype=bool)
+        self.deadline, self.limit = z, z  # absolute deadline (inf: none), queue-wait limit
+        self.low = self.valley = np.zeros(0, dtype=bool)  # lowest priority; released to spare
 
     # --- bookkeeping --------------------------------------------------------------------
 
@@ -100,11 +114,17 @@ class Engines:
     def in_slot(self, slot: int) -> int:
         return int(np.count_nonzero(self.rep == slot))
 
-    def add(self, batch: Batch, slots: IntA) -> None:
-        """New arrivals, placed on `slots` (-1: held by the router while no replica is ready)."""
+    def add(self, batch: Batch, slots: IntA, deferred: Deferred | None = None) -> None:
+        """New arrivals, placed on `slots` (-1: held by the router while no replica is ready);
+        `deferred` gives deferrable ones their deadline, queue-wait limit and priority."""
         n = len(batch)
         if n == 0:
             return
+        d = deferred or Deferred.none(n, self.limits.max_queue_wait_s)
+        self.deadline = np.concatenate([self.deadline, d.deadline])
+        self.limit = np.concatenate([self.limit, d.limit])
+        self.low = np.concatenate([self.low, d.low])
+        self.valley = np.concatenate([self.valley, d.valley])
         self.rep = np.concatenate([self.rep, slots])
         self.at = np.concatenate([self.at, batch.at])
         self.inp = np.concatenate([self.inp, batch.input])
@@ -123,7 +143,7 @@ class Engines:
         self.rep[held[: len(slots)]] = slots[: len(held)]
 
     def _keep(self, keep: B) -> None:
-        for name in ("rep", "at", "inp", "out", "cached", "left", "gen", "first", "seq", "running"):
+        for name in _ROWS:
             setattr(self, name, getattr(self, name)[keep])
 
     # --- one step -----------------------------------------------------------------------
@@ -133,15 +153,16 @@ class Engines:
         t1 = t0 + dt
         # refusals: too long for the model, or waited past the queue limit
         too_long = self.inp + self.out > lim.max_model_len
-        expired = ~self.running & ((t1 - self.at > lim.max_queue_wait_s) | too_long)
+        expired = ~self.running & ((t1 - self.at > self.limit) | too_long)
         refused_at = self.at[expired]
+        refused_deadline = self.deadline[expired]
         placed_exp = expired & (self.rep >= 0)
         self.counters["refusals"] += np.bincount(self.rep[placed_exp], minlength=n_slots)
         if expired.any():
             self._keep(~expired)
         self._admit(dt)
         self._preempt()
-        return self._run(t0, dt, t1, refused_at)
+        return self._run(t0, dt, t1, refused_at, refused_deadline)
 
     def _admit(self, dt: float) -> None:
         """Waiting -> running, first come first served, while a slot, KV room for the prompt and
@@ -155,7 +176,7 @@ class Engines:
         wait = np.flatnonzero(~run & (self.rep >= 0))
         if len(wait) == 0:
             return
-        order = wait[np.lexsort((self.seq[wait], self.rep[wait]))]
+        order = wait[np.lexsort((self.seq[wait], self.low[wait], self.rep[wait]))]
         r = self.rep[order]
         prefill = self._prefill_need(order)
         start = np.r_[True, r[1:] != r[:-1]]
@@ -212,7 +233,9 @@ class Engines:
             self.running[victims] = False  # recompute: prefill prompt + generated again
             self.counters["preemptions"][slot] += len(victims)
 
-    def _run(self, t0: float, dt: float, t1: float, refused_at: F) -> StepOutcome:
+    def _run(
+        self, t0: float, dt: float, t1: float, refused_at: F, refused_deadline: F
+    ) -> StepOutcome:
         p, lim, n_slots = self.profile, self.limits, self.slots
         run = self.running
         r_idx = np.flatnonzero(run)
@@ -241,10 +264,11 @@ class Engines:
         # prefill progress, first-come first-served within each replica
         pf = r_idx[~decoding]
         first_at = ttft = np.zeros(0)
+        first_deferred = np.zeros(0, dtype=bool)
         new_first = np.zeros(0, dtype=np.int64)
         after = np.zeros(0)
         if len(pf):
-            pf = pf[np.lexsort((self.seq[pf], self.rep[pf]))]
+            pf = pf[np.lexsort((self.seq[pf], self.low[pf], self.rep[pf]))]
             pr = self.rep[pf]
             left = self.left[pf]
             start = np.r_[True, pr[1:] != pr[:-1]]
@@ -263,9 +287,12 @@ class Engines:
             first_at = self.at[new_first][fresh]
             ttft = (got - self.at[new_first])[fresh]
             after = np.maximum(n_tot[nr] - c[done] / np.maximum(chunk[nr], 1.0), 0.0)
+            prompts = self.inp[new_first].astype(float)
             self.counters["prompt_tokens"] += np.bincount(
-                nr[fresh], self.inp[new_first][fresh], minlength=n_slots
+                nr[fresh], prompts[fresh], minlength=n_slots
             )
+            self._count_deferred(new_first[fresh], prompts[fresh])
+            first_deferred = np.isfinite(self.deadline[new_first][fresh])
             self._hist(self.ttft_hist, TTFT_BUCKETS, nr[fresh], ttft, None)
 
         # decode: one token per step per decoding sequence; the prefill step yields the first
@@ -278,6 +305,7 @@ class Engines:
         self.counters["generation_tokens"] += np.bincount(
             self.rep[who], got_tokens, minlength=n_slots
         )
+        self._count_deferred(who, got_tokens)
         gap = np.concatenate([t_mixed, t_d])
         weight = np.concatenate(
             [n_mixed * bd, n_pure * (bd + np.bincount(self.rep[new_first], minlength=n_slots))]
@@ -309,12 +337,30 @@ class Engines:
             itl_gap=gap[seen],
             itl_weight=weight[seen],
             busy=busy,
+            first_deferred=first_deferred,
+            done_deadline=self.deadline[finished],
+            done_end=end_at,
+            done_valley=self.valley[finished],
+            refused_deadline=refused_deadline,
         )
         if len(finished):
             keep = np.ones(len(self.rep), dtype=bool)
             keep[finished] = False
             self._keep(keep)
         return outcome
+
+    def _count_deferred(self, rows: IntA, tokens: F) -> None:
+        deferred = np.isfinite(self.deadline[rows])
+        if not deferred.any():
+            return
+        n = self.slots
+        self.counters["deferred_tokens"] += np.bincount(
+            self.rep[rows[deferred]], tokens[deferred], minlength=n
+        )
+        valley = deferred & self.valley[rows]
+        self.counters["valley_tokens"] += np.bincount(
+            self.rep[rows[valley]], tokens[valley], minlength=n
+        )
 
     def gauges(self) -> tuple[F, F, F]:
         """Per slot: running, waiting, KV-cache usage (0..1), as the engine exports them."""
@@ -331,6 +377,28 @@ class Engines:
         idx = slots * hist.shape[1] + np.searchsorted(buckets, values, side="left")
         flat = np.bincount(idx, weights, minlength=hist.size)
         hist += flat.reshape(hist.shape)
+
+
+_ROWS = (
+    "rep", "at", "inp", "out", "cached", "left", "gen", "first", "seq", "running",
+    "deadline", "limit", "low", "valley",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Deferred:
+    """Per arriving request: absolute deadline (inf: interactive), queue-wait limit, whether it
+    runs at the lowest priority, and whether it was released into spare capacity."""
+
+    deadline: F
+    limit: F
+    low: B
+    valley: B
+
+    @classmethod
+    def none(cls, n: int, limit_s: float) -> Deferred:
+        no = np.zeros(n, dtype=bool)
+        return cls(np.full(n, np.inf), np.full(n, limit_s), no, no)
 
 
 def _fifo_finish(arrive: F, work: F, group: IntA, group_first: IntA) -> F:

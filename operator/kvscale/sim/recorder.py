@@ -5,6 +5,11 @@ request's TTFT in the minute it arrived (a refused request counts as an infinite
 inter-token gaps decoding sequences saw (weighted by tokens), and GPU-seconds split into serving,
 idle (Ready with nothing queued or running) and warming (created, not Ready). Latencies go into
 fine log-spaced bins (40 a decade, so a p99 read from them is within 6% of the exact value).
+
+Deferrable requests (mixed workloads) are judged by their deadline, not the latency SLO: their
+TTFT stays out of the histograms, and each completes within (`deferred_met`) or past its deadline
+or is refused (`deferred_missed`); `valley_tokens` are their tokens served after release into
+spare capacity.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ class Recorder:
         names = (
             "arrivals", "demand_tokens", "refused", "successes", "good", "served_tokens",
             "gpu_s", "idle_gpu_s", "warming_gpu_s", "replicas", "ready", "desired",
+            "deferred_tokens", "valley_tokens", "deferred_met", "deferred_missed",
         )  # fmt: skip
         self.series = {n: np.zeros(m) for n in names}
 
@@ -50,15 +56,26 @@ class Recorder:
         m, s = min(int(t0 // 60), self.minutes - 1), self.series
         s["arrivals"][m] += len(batch)
         s["demand_tokens"][m] += float(batch.input.sum() + batch.output.sum())
-        self._bin(self.ttft, out.first_at, out.ttft, None)
-        self._bin(self.ttft, out.refused_at, np.full(len(out.refused_at), np.inf), None)
+        interactive = ~out.first_deferred
+        self._bin(self.ttft, out.first_at[interactive], out.ttft[interactive], None)
+        refused = np.isinf(out.refused_deadline)
+        self._bin(self.ttft, out.refused_at[refused], np.full(int(refused.sum()), np.inf), None)
         _add(s["refused"], self._minute(out.refused_at), None)
+        _add(s["deferred_missed"], self._minute(out.refused_at[~refused]), None)
         if len(out.itl_gap):
             self.itl[m] += np.bincount(
                 np.searchsorted(EDGES, out.itl_gap), out.itl_weight, minlength=NB
             ).astype(np.float32)
         done_m = self._minute(out.done_at)
         good = (out.done_ttft <= self.targets.ttft_s) & (out.done_tpot <= self.targets.itl_s)
+        deferred = np.isfinite(out.done_deadline)
+        good &= ~deferred
+        met = out.done_end <= out.done_deadline
+        _add(s["deferred_met"], done_m[deferred & met], None)
+        _add(s["deferred_missed"], done_m[deferred & ~met], None)
+        _add(s["deferred_tokens"], done_m[deferred], out.done_tokens[deferred])
+        valley = deferred & out.done_valley
+        _add(s["valley_tokens"], done_m[valley], out.done_tokens[valley])
         _add(s["successes"], done_m, None)
         _add(s["good"], done_m[good], None)
         _add(s["served_tokens"], done_m, out.done_tokens)

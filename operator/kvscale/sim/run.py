@@ -52,7 +52,7 @@ class Recording:
 
 
 def limits_for(spec: LLMEndpointSpec, profile: EngineProfile) -> Limits:
-    waits = [c.max_queue_wait_seconds for c in spec.traffic_classes]
+    waits = [c.queue_wait_seconds for c in spec.traffic_classes if not c.deferrable]
     return Limits(
         max_num_seqs=spec.engine.max_num_seqs,
         max_num_batched_tokens=spec.engine.max_num_batched_tokens,

@@ -17,12 +17,12 @@ import numpy as np
 
 from kvscale.signals.snapshot import Fleet, Latency, ReplicaSignals, Snapshot
 from kvscale.sim.endpoint import Endpoint
-from kvscale.sim.engine import ITL_BUCKETS, TTFT_BUCKETS, F
+from kvscale.sim.engine import COUNTERS, DEFERRED_COUNTERS, ITL_BUCKETS, TTFT_BUCKETS, F
 
 
 @dataclass(frozen=True)
 class PodSample:
-    counters: F  # prompt, generation, successes, refusals, preemptions
+    counters: F  # prompt, generation, successes, refusals, preemptions, deferred, valley
     ttft: F
     itl: F
     running: float
@@ -43,6 +43,7 @@ class Scraper:
         self.interval_s, self.delay_s, self.window_s = interval_s, delay_s, window_s
         self.samples: deque[Sample] = deque()
         self._next = 0.0
+        self.deferred_rates = (0.0, 0.0)  # the last snapshot's deferred and valley tokens/s
 
     def maybe_scrape(self, t: float, ep: Endpoint) -> None:
         if t + 1e-9 < self._next:
@@ -50,7 +51,7 @@ class Scraper:
         self._next = t + self.interval_s
         e = ep.engines
         running, waiting, kv_usage = e.gauges()
-        names = ("prompt_tokens", "generation_tokens", "successes", "refusals", "preemptions")
+        names = (*COUNTERS, *DEFERRED_COUNTERS)
         pods = {
             r.pod: PodSample(
                 np.array([e.counters[n][r.slot] for n in names]),
@@ -80,6 +81,7 @@ class Scraper:
         )
         span = newest.t - base.t if base is not None else self.window_s
         replicas, ttft, itl = [], np.zeros(len(TTFT_BUCKETS) + 1), np.zeros(len(ITL_BUCKETS) + 1)
+        deferred = np.zeros(2)  # deferred and valley tokens/s (a router would export them)
         for pod, now in newest.pods.items():
             before = base.pods.get(pod) if base is not None else None
             d = now.counters - (before.counters if before else 0.0)
@@ -90,6 +92,8 @@ class Scraper:
             # a pod without a sample at the window's start: its rate over its own samples
             own = span if before else min(span, newest.t - now.ready_at)
             rate = d / max(own, 1.0)
+            deferred += rate[5:7]
+
             replicas.append(
                 ReplicaSignals(
                     pod=pod,
@@ -106,6 +110,7 @@ class Scraper:
                     created_at=now.created_at,
                 )
             )
+        self.deferred_rates = (float(deferred[0]), float(deferred[1]))
         return Snapshot(
             taken_at=t,
             window_s=self.window_s,

@@ -3,7 +3,9 @@
 `status.capacity` (the decision and its inputs, and the law's state so a restarted operator
 resumes it), `status.slo` (measured p99s and the share of recent intervals within the SLO),
 `status.cost` (GPU-hours, idle or warming GPU-hours, cost per successful request and per
-million tokens, accumulated between ticks) and `status.decisions` (the last ten changes).
+million tokens, accumulated between ticks), `status.decisions` (the last ten changes) and, when
+the spec names traffic classes, `status.trafficClasses` (interactive classes' SLO attainment;
+deferrable classes' deadline attainment, backlog and tokens served in valleys, accumulated).
 """
 
 from __future__ import annotations
@@ -42,13 +44,17 @@ def report(
     victim: str | None,
     was: int,
 ) -> JSON:
-    """The four sections a capacity tick writes, from the status it read (`old`)."""
-    return {
+    """The sections a capacity tick writes, from the status it read (`old`)."""
+    out: JSON = {
         "capacity": capacity(decision, snap, now, victim),
         "slo": slo(old, snap, spec),
         "cost": cost(old, snap, spec, now),
         "decisions": decisions(old, decision, snap, now, was),
     }
+    if spec.traffic_classes:
+        attained = out["slo"].get("attainment")
+        out["trafficClasses"] = traffic_classes(old, snap, spec, now, attained)
+    return out
 
 
 def metrics_condition(snap: Snapshot) -> Cond:
@@ -79,6 +85,7 @@ def capacity(decision: Decision, snap: Snapshot, now: float, draining: str | Non
             "demandTokensPerSecond": _round(decision.demand_tokens_per_s),
             "forecastTokensPerSecond": _round(decision.forecast_tokens_per_s),
             "perReplicaTokensPerSecond": _round(decision.per_replica_tokens_per_s),
+            "deferredTokensPerSecond": _round(decision.deferred_tokens_per_s) or None,
             "startupSeconds": _round(decision.state.startup_s),
             "forecastError": _round(decision.state.forecaster.error, 3),
             "victim": draining,
@@ -122,9 +129,7 @@ def cost(old: JSON, snap: Snapshot, spec: api.LLMEndpointSpec, now: float) -> JS
     wasted share is replicas still warming up plus ready replicas that served nothing.
     """
     before = old.get("cost") or {}
-    last = parse((old.get("capacity") or {}).get("updatedAt"))
-    interval = spec.scaling.capacity_interval_seconds
-    dt = min(max(now - last, 0.0), 2.0 * interval) if last is not None else 0.0
+    dt = _elapsed(old, spec, now)
     gpus = max(spec.resources.gpus_per_replica, 1)
     fleet = snap.fleet
     idle = sum(1 for r in snap.replicas if r.tokens_per_s == 0 and r.running == 0)
@@ -149,6 +154,41 @@ def cost(old: JSON, snap: Snapshot, spec: api.LLMEndpointSpec, now: float) -> JS
     )
 
 
+def traffic_classes(
+    old: JSON, snap: Snapshot, spec: api.LLMEndpointSpec, now: float, attainment: float | None
+) -> list[JSON]:
+    """Per class: an interactive one's SLO attainment (the endpoint's), a deferrable one's
+    deadlines met and missed and tokens served in valleys (accumulated like cost), and its
+    backlog now, from the routers' deferred queue (signals/deferred.py)."""
+    before = {c.get("name"): c for c in old.get("trafficClasses") or []}
+    dt = _elapsed(old, spec, now) if snap.ok else 0.0
+    queues = {b.traffic_class: b for b in snap.deferred} if snap.ok else {}
+    out = []
+    for c in spec.traffic_classes:
+        if not c.deferrable:
+            out.append(_clean({"name": c.name, "deferrable": False, "sloAttainment": attainment}))
+            continue
+        prev = before.get(c.name) or {}
+        q = queues.get(c.name)
+        met = float(prev.get("deadlineMet") or 0.0) + (q.met_per_s * dt if q else 0.0)
+        missed = float(prev.get("deadlineMissed") or 0.0) + (q.missed_per_s * dt if q else 0.0)
+        valley = float(prev.get("valleyTokens") or 0.0) + (q.valley_tokens_per_s * dt if q else 0.0)
+        entry = {
+            "name": c.name,
+            "deferrable": True,
+            "deadlineAttainment": round(met / (met + missed), 4) if met + missed >= 1 else None,
+            "deadlineMet": round(met, 3),
+            "deadlineMissed": round(missed, 3),
+            "backlogRequests": q.requests if q else prev.get("backlogRequests"),
+            "backlogTokens": q.tokens if q else prev.get("backlogTokens"),
+            "oldestAgeSeconds": _round(q.oldest_age_s) if q else prev.get("oldestAgeSeconds"),
+            "valleyTokens": round(valley, 1),
+            "since": prev.get("since") or stamp(now),
+        }
+        out.append(_clean(entry))
+    return out
+
+
 def decisions(old: JSON, decision: Decision, snap: Snapshot, now: float, was: int) -> list[JSON]:
     """The last ten decisions that changed the replica count, newest last."""
     kept = list(old.get("decisions") or [])
@@ -170,6 +210,13 @@ def decisions(old: JSON, decision: Decision, snap: Snapshot, now: float, was: in
         }
     )
     return [*kept, entry][-DECISIONS_KEPT:]
+
+
+def _elapsed(old: JSON, spec: api.LLMEndpointSpec, now: float) -> float:
+    """Seconds since the last tick's status (at most two intervals; 0 on the first tick)."""
+    last = parse((old.get("capacity") or {}).get("updatedAt"))
+    interval = spec.scaling.capacity_interval_seconds
+    return min(max(now - last, 0.0), 2.0 * interval) if last is not None else 0.0
 
 
 def _round(value: float | None, digits: int = 1) -> float | None:

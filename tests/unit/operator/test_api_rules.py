@@ -51,6 +51,23 @@ REFUSED: list[tuple[str, dict[str, Any], str]] = [
     ("zero-memory", {"resources": {"memory": "0Gi"}}, "greater than zero"),
     ("bad-quantity", {"resources": {"cpu": "two"}}, "Kubernetes quantity"),
     ("gpu-type-without-gpus", {"resources": {"gpusPerReplica": 0, "gpuType": "A100"}}, "gpuType"),
+    (
+        "deferrable-wait-under-deadline",
+        {"trafficClasses": [{"name": "b", "deadlineSeconds": 3600, "maxQueueWaitSeconds": 60}]},
+        "at least its deadlineSeconds",
+    ),
+    (
+        "interactive-wait-of-hours",
+        {"trafficClasses": [{"name": "chat", "maxQueueWaitSeconds": 7200}]},
+        "needs a deferrable class",
+    ),
+    ("deadline-over-a-day", {"trafficClasses": [{"name": "b", "deadlineSeconds": 90000}]}, "86400"),
+    ("zero-deadline", {"trafficClasses": [{"name": "b", "deadlineSeconds": 0}]}, "greater than 0"),
+    (
+        "five-deferrable-classes",
+        {"trafficClasses": [{"name": f"b{i}", "deadlineSeconds": 600} for i in range(5)]},
+        "at most 4 trafficClasses may set deadlineSeconds",
+    ),
     *(
         (f"prometheus-{name}", {"scaling": {"signals": {"prometheusUrl": url}}}, needle)
         for name, url, needle in [
@@ -85,6 +102,11 @@ ACCEPTED: list[tuple[str, dict[str, Any]]] = [
     ("json-value", {"engine": {"extraArgs": ["--hf-overrides", '{"a": 1}']}}),
     ("gpu-type-with-gpus", {"resources": {"gpusPerReplica": 2, "gpuType": "NVIDIA-H100"}}),
     ("prometheus-service", {"scaling": {"signals": {"prometheusUrl": "http://prom.mon:9090"}}}),
+    ("deferrable-class", {"trafficClasses": [{"name": "b", "deadlineSeconds": 14400}]}),
+    (
+        "deferrable-wait-above-deadline",
+        {"trafficClasses": [{"name": "b", "deadlineSeconds": 600, "maxQueueWaitSeconds": 900}]},
+    ),
     ("prometheus-ip", {"scaling": {"signals": {"prometheusUrl": "https://10.0.0.1/prom"}}}),
 ]
 
@@ -136,3 +158,17 @@ def test_endpoint_names(name: str, problem: str | None) -> None:
 
 def test_derived_child_names_use_a_known_suffix() -> None:
     assert engine.engine_name("x").removeprefix("x") in rules.CHILD_SUFFIXES
+
+
+def test_a_deferrable_class_waits_until_its_deadline_and_an_interactive_one_30_s() -> None:
+    classes = [{"name": "chat"}, {"name": "batch", "priority": 0, "deadlineSeconds": 3600}]
+    chat, batch = spec(trafficClasses=classes).traffic_classes
+    assert (chat.deferrable, chat.queue_wait_seconds) == (False, 30.0)
+    assert (batch.deferrable, batch.queue_wait_seconds) == (True, 3600)
+    assert chat.rendered() == {"name": "chat", "priority": 0, "maxQueueWaitSeconds": 30.0}
+    assert batch.rendered() == {
+        "name": "batch",
+        "priority": 0,
+        "maxQueueWaitSeconds": 3600,
+        "deadlineSeconds": 3600,
+    }

@@ -3,15 +3,24 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 from prometheus_client import generate_latest
 
 from kvscale import fleet, timestamps
+from kvscale.api.status import LLMEndpointStatus
 from kvscale.api.v1alpha1 import LLMEndpointSpec
 from kvscale.controllers.capacity import CapacityState, Decision
 from kvscale.operator_metrics import OperatorMetrics
 from kvscale.routing_loop import warming
-from kvscale.signals.snapshot import Fleet, Latency, Problem, ReplicaSignals, Snapshot
+from kvscale.signals.snapshot import (
+    DeferredBacklog,
+    Fleet,
+    Latency,
+    Problem,
+    ReplicaSignals,
+    Snapshot,
+)
 from kvscale.status import endpoint, loops
 from kvscale_cluster.specs import llm_spec
 
@@ -176,3 +185,43 @@ def test_a_pod_is_unschedulable_only_while_its_scheduled_condition_is_false() ->
     assert fleet.scheduling_message(scheduled("False", "Unschedulable")) == "no gpu"
     placed = scheduled("True", "Unschedulable")
     assert endpoint.Observed.read({"metadata": {}, "status": {}}, [placed]).unschedulable == []
+
+
+def test_traffic_classes_report_slo_deadlines_backlog_and_valley_tokens() -> None:
+    classes = [{"name": "chat"}, {"name": "batch", "deadlineSeconds": 3600}]
+    mixed = spec(trafficClasses=classes)
+    queue = DeferredBacklog(
+        "batch",
+        requests=4,
+        oldest_age_s=90.0,
+        due=((300.0, 100.0), (float("inf"), 800.0)),
+        valley_tokens_per_s=10.0,
+        met_per_s=0.5,
+        missed_per_s=0.0,
+    )
+    decision = Decision(2, "Stable", "", CapacityState(), deferred_tokens_per_s=12.5)
+    old: dict[str, object] = {}
+    for t in (1000.0, 1060.0, 1120.0):
+        now = replace(snap(0.5), deferred=(queue,))
+        old = loops.report(old, decision, now, mixed, t, None, 2)
+    assert old["capacity"]["deferredTokensPerSecond"] == 12.5  # type: ignore[index]
+    chat, batch = old["trafficClasses"]  # type: ignore[misc]
+    assert chat == {"name": "chat", "deferrable": False, "sloAttainment": 1.0}
+    # two intervals of 60 s after the first tick: 60 met, 1200 tokens served in valleys
+    assert batch["deadlineMet"] == 60 and batch["deadlineMissed"] == 0
+    assert batch["deadlineAttainment"] == 1.0 and batch["valleyTokens"] == 1200
+    assert (batch["backlogRequests"], batch["backlogTokens"], batch["oldestAgeSeconds"]) == (
+        4,
+        800,
+        90.0,
+    )
+    assert "trafficClasses" not in loops.report({}, decision, snap(0.5), spec(), 0.0, None, 2)
+
+
+def test_the_traffic_class_status_fits_the_api() -> None:
+    mixed = spec(trafficClasses=[{"name": "batch", "deadlineSeconds": 600}])
+    queue = DeferredBacklog("batch", requests=1, due=((float("inf"), 5.0),))
+    decision = Decision(1, "Stable", "", CapacityState())
+    written = loops.report({}, decision, replace(snap(0.5), deferred=(queue,)), mixed, 0.0, None, 1)
+    status = LLMEndpointStatus.model_validate(written)
+    assert status.traffic_classes[0].backlog_tokens == 5.0

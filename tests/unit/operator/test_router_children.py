@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from kvscale import __version__
@@ -114,3 +115,12 @@ def test_traffic_classes_reach_the_router() -> None:
     args = router.router_args(OWNER, spec(trafficClasses=classes))
     assert '"name":"interactive"' in args[args.index("--traffic-classes") + 1]
     assert "--traffic-classes" not in router.router_args(OWNER, spec())
+
+
+def test_a_deferrable_class_reaches_the_router_with_its_deadline() -> None:
+    classes = [{"name": "chat"}, {"name": "batch", "deadlineSeconds": 3600}]
+    args = router.router_args(OWNER, spec(trafficClasses=classes))
+    assert json.loads(args[args.index("--traffic-classes") + 1]) == [
+        {"name": "chat", "priority": 0, "maxQueueWaitSeconds": 30.0},
+        {"name": "batch", "priority": 0, "maxQueueWaitSeconds": 3600, "deadlineSeconds": 3600},
+    ]
