@@ -20,8 +20,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-# the due-time buckets of the backlog metric: tokens due within 1 min, 5 min, 15 min, 1 h, 4 h
-DUE_BUCKETS_S = (60.0, 300.0, 900.0, 3600.0, 14400.0, math.inf)
+# the due-time buckets of the backlog metric: tokens due within 1 min ... 1 day, and all of them;
+# the operator reads the same bounds (kvscale/signals/deferred.py DUE_WITHIN; a test holds both)
+DUE_BUCKETS_S = (
+    60.0, 300.0, 600.0, 900.0, 1800.0, 3600.0, 7200.0, 14400.0, 28800.0, 86400.0, math.inf,
+)  # fmt: skip
 
 ReleaseReason = Literal["spare", "deadline"]
 

@@ -80,8 +80,13 @@ class RouterMetrics:
             "while queued; late: finished after it)", ["traffic_class", "reason"],
             registry=r)  # fmt: skip
         self.deferred_completed = Counter(
-            f"{p}deferred_completed", "Deferrable requests a replica answered in full (on time "
-            "or late)", ["traffic_class"], registry=r)  # fmt: skip
+            f"{p}deferred_completed", "Deferrable requests that ended, by outcome (met: answered "
+            "in full within the deadline; missed: answered past it, or refused because it could "
+            "no longer be met)", ["traffic_class", "outcome"], registry=r)  # fmt: skip
+        self.deferred_served_tokens = Counter(
+            f"{p}deferred_served_tokens", "Prompt + output tokens of deferrable requests answered "
+            "in full, by why they were released (spare: into spare capacity; deadline: their "
+            "deadline required it)", ["traffic_class", "release"], registry=r)  # fmt: skip
         self.valley_tokens = Counter(
             f"{p}deferred_valley_tokens", "Tokens of deferrable requests released while the "
             "endpoint was in a valley: no interactive request waiting and every replica under "

@@ -210,7 +210,7 @@ def _relay(
         if release is not None and tally is not None:
             complete = outcome == "ok" and upstream.status == 200
             seconds = time.monotonic() - sent_at
-            router.releaser.finished(release.request, name, tally.tokens, seconds, complete)
+            router.releaser.finished(release, name, tally.tokens, seconds, complete)
 
     observe = tally.feed if tally is not None else None
     return Relay(upstream, done, lambda relay_s: m.added.observe(before_s + relay_s), observe)

@@ -86,6 +86,7 @@ class Releaser:
             raise Refused(429, "queue_full", retry, request.traffic_class, message) from None
         except Unmeetable:
             self.metrics.deferred_missed.labels(request.traffic_class, "refused").inc()
+            self.metrics.deferred_completed.labels(request.traffic_class, "missed").inc()
             raise self._unmeetable(request, now, best) from None
         future: asyncio.Future[Release] = asyncio.get_running_loop().create_future()
         self._waiting[request] = future
@@ -105,16 +106,21 @@ class Releaser:
         name = release.replica
         self._promised[name] = max(0.0, self._promised.get(name, 0.0) - release.request.tokens)
 
-    def finished(self, request: Deferred, replica: str, output_tokens: int | None,
+    def finished(self, release: Release, replica: str, output_tokens: int | None,
                  seconds: float, complete: bool) -> None:  # fmt: skip
-        """A released request's response ended: learn the replica's rate, count the outcome."""
-        m = self.metrics
+        """A released request's response ended: learn the replica's rate, count the outcome and
+        the tokens served (the prompt estimate plus the output counted, else the most asked)."""
+        m, request = self.metrics, release.request
         if complete:
             if output_tokens is not None:
                 self.rates.observe(replica, output_tokens, seconds)
-            m.deferred_completed.labels(request.traffic_class).inc()
-            if time.monotonic() > request.deadline:
+            late = time.monotonic() > request.deadline
+            m.deferred_completed.labels(request.traffic_class, "missed" if late else "met").inc()
+            if late:
                 m.deferred_missed.labels(request.traffic_class, "late").inc()
+            prompt = max(0.0, request.tokens - request.output_tokens)
+            served = prompt + (request.output_tokens if output_tokens is None else output_tokens)
+            m.deferred_served_tokens.labels(request.traffic_class, release.reason).inc(served)
 
     def kick(self) -> None:
         """Plan again soon: capacity may have freed or work arrived."""
@@ -150,6 +156,7 @@ class Releaser:
         best = max((r.rate for r in rooms.values()), default=self.rates.prior_tokens_per_s)
         for request in plan.unmeetable:
             m.deferred_missed.labels(request.traffic_class, "expired").inc()
+            m.deferred_completed.labels(request.traffic_class, "missed").inc()
             future = self._waiting.get(request)
             if future is not None and not future.done():
                 future.set_exception(self._unmeetable(request, now, best))

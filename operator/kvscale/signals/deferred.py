@@ -3,15 +3,15 @@
 Routers hold deferrable requests (traffic classes with `deadlineSeconds`) earliest deadline first
 and export, per class (`traffic_class`):
 
-- `kvscale_router:deferred_queue_requests`: gauge, requests held;
-- `kvscale_router:deferred_queue_tokens{due_within}`: gauge, tokens (prompt + max_tokens) of the
+- `kvscale_router_deferred_queue_requests`: gauge, requests held;
+- `kvscale_router_deferred_queue_tokens{due_within}`: gauge, tokens (prompt + max_tokens) of the
   held requests due within `due_within` seconds from now, cumulative as histogram buckets, for
   each bound in `DUE_WITHIN` and `+Inf` (every held token);
-- `kvscale_router:deferred_oldest_age_seconds`: gauge, the longest a held request has waited;
-- `kvscale_router:deferred_served_tokens_total{release}`: counter, prompt + generated tokens of
+- `kvscale_router_deferred_oldest_age_seconds`: gauge, the longest a held request has waited;
+- `kvscale_router_deferred_served_tokens_total{release}`: counter, prompt + generated tokens of
   deferred requests served to completion, by why they were released (`spare`: into a replica's
   spare capacity, i.e. a valley; `deadline`: to finish before the deadline);
-- `kvscale_router:deferred_completed_total{outcome}`: counter, deferred requests completed within
+- `kvscale_router_deferred_completed_total{outcome}`: counter, deferred requests completed within
   (`met`) or past (`missed`) their deadline, a request refused as too late counting as missed.
 
 Absent series read as an empty backlog: a router without deferrable classes exports none. The
@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from kvscale.signals.exposition import parse_exposition
 from kvscale.signals.snapshot import DeferredBacklog
 
-PREFIX = "kvscale_router:deferred_"
+PREFIX = "kvscale_router_deferred_"
 REQUESTS = f"{PREFIX}queue_requests"
 TOKENS = f"{PREFIX}queue_tokens"
 OLDEST = f"{PREFIX}oldest_age_seconds"

@@ -71,7 +71,7 @@ class DeferredBacklog:
     """One deferrable class's requests the routers hold (earliest deadline first), summed over
     the routers, and what the replicas served of the class over the window.
 
-    From the routers' `kvscale_router:deferred_*` series (signals/deferred.py names them); the
+    From the routers' `kvscale_router_deferred_*` series (signals/deferred.py names them); the
     simulator fills it from its own queue. `due` is cumulative, as a Prometheus histogram's
     buckets: (seconds, tokens of the held requests due within that many seconds of now), seconds
     ascending; +Inf, if present, holds every held token. A request's tokens are its prompt plus

@@ -18,7 +18,7 @@ from kvscale.controllers.capacity import CapacityLaw, Decision
 from kvscale.controllers.deferred import required_tokens_per_s
 from kvscale.signals.snapshot import DeferredBacklog
 
-# the routers' buckets (kvscale_router:deferred_queue_tokens{due_within=...})
+# the routers' buckets (kvscale_router_deferred_queue_tokens{due_within=...})
 DUE_WITHIN = (60.0, 300.0, 600.0, 900.0, 1800.0, 3600.0, 7200.0, 14400.0, 28800.0, 86400.0)
 DUE_WITHIN += (float("inf"),)
 

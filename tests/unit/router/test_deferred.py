@@ -180,7 +180,7 @@ def test_backlog_counts_tokens_by_due_time_cumulatively() -> None:
     backlog = q.backlog(10.0, ["batch", "other"])
     batch = backlog["batch"]
     assert batch.requests == 3 and batch.oldest_age_s == pytest.approx(10.0)
-    assert [batch.tokens_due[b] for b in DUE_BUCKETS_S] == [10, 10, 10, 110, 110, 1110]
+    assert [batch.tokens_due[b] for b in DUE_BUCKETS_S] == [10] * 4 + [110] * 4 + [1110] * 3
     assert DUE_BUCKETS_S[-1] == math.inf
     assert backlog["other"].requests == 0 and backlog["other"].tokens_due[math.inf] == 0
 

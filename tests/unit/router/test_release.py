@@ -10,7 +10,7 @@ import pytest
 
 from kvscale_router.admission import Admission, Refused, TrafficClass
 from kvscale_router.config import RouterConfig
-from kvscale_router.deferred import DeferralPolicy
+from kvscale_router.deferred import DeferralPolicy, Release
 from kvscale_router.hold import Hold
 from kvscale_router.metrics import RouterMetrics
 from kvscale_router.picker import Picker
@@ -135,10 +135,11 @@ async def test_backlog_gauges_and_the_learned_rate() -> None:
         assert sample(r, "deferred_queue_tokens", traffic_class="batch", due_within=due) == tokens
     assert sample(r, "deferred_decode_rate_tokens_per_second", replica="a") == 10.0
     request = deferred_of(BATCH, time.monotonic(), 300, 200)
-    r.finished(request, "a", 200, 2.0, complete=True)  # 100 tokens/s
+    r.finished(Release(request, "a", "spare", True), "a", 200, 2.0, complete=True)  # 100 tok/s
     r.show(time.monotonic())
     assert sample(r, "deferred_decode_rate_tokens_per_second", replica="a") > 10.0
-    assert sample(r, "deferred_completed_total", traffic_class="batch") == 1
+    assert sample(r, "deferred_completed_total", traffic_class="batch", outcome="met") == 1
+    assert sample(r, "deferred_served_tokens_total", traffic_class="batch", release="spare") == 300
     waiter.cancel()
     await asyncio.gather(waiter, return_exceptions=True)
 

@@ -15,23 +15,23 @@ from kvscale.signals.source import PodAddress, Target
 
 
 def router_text(held: int, due_300: float, due_all: float, spare: float, met: int) -> str:
-    return f"""# TYPE kvscale_router:pending_requests gauge
-kvscale_router:pending_requests 0
-# TYPE kvscale_router:deferred_queue_requests gauge
-kvscale_router:deferred_queue_requests{{traffic_class="batch"}} {held}
-# TYPE kvscale_router:deferred_queue_tokens gauge
-kvscale_router:deferred_queue_tokens{{traffic_class="batch",due_within="60"}} 0
-kvscale_router:deferred_queue_tokens{{traffic_class="batch",due_within="300"}} {due_300}
-kvscale_router:deferred_queue_tokens{{traffic_class="batch",due_within="3600"}} {due_all}
-kvscale_router:deferred_queue_tokens{{traffic_class="batch",due_within="+Inf"}} {due_all}
-# TYPE kvscale_router:deferred_oldest_age_seconds gauge
-kvscale_router:deferred_oldest_age_seconds{{traffic_class="batch"}} 42
-# TYPE kvscale_router:deferred_served_tokens counter
-kvscale_router:deferred_served_tokens_total{{traffic_class="batch",release="spare"}} {spare}
-kvscale_router:deferred_served_tokens_total{{traffic_class="batch",release="deadline"}} 100
-# TYPE kvscale_router:deferred_completed counter
-kvscale_router:deferred_completed_total{{traffic_class="batch",outcome="met"}} {met}
-kvscale_router:deferred_completed_total{{traffic_class="batch",outcome="missed"}} 1
+    return f"""# TYPE kvscale_router_pending_requests gauge
+kvscale_router_pending_requests 0
+# TYPE kvscale_router_deferred_queue_requests gauge
+kvscale_router_deferred_queue_requests{{traffic_class="batch"}} {held}
+# TYPE kvscale_router_deferred_queue_tokens gauge
+kvscale_router_deferred_queue_tokens{{traffic_class="batch",due_within="60"}} 0
+kvscale_router_deferred_queue_tokens{{traffic_class="batch",due_within="300"}} {due_300}
+kvscale_router_deferred_queue_tokens{{traffic_class="batch",due_within="3600"}} {due_all}
+kvscale_router_deferred_queue_tokens{{traffic_class="batch",due_within="+Inf"}} {due_all}
+# TYPE kvscale_router_deferred_oldest_age_seconds gauge
+kvscale_router_deferred_oldest_age_seconds{{traffic_class="batch"}} 42
+# TYPE kvscale_router_deferred_served_tokens counter
+kvscale_router_deferred_served_tokens_total{{traffic_class="batch",release="spare"}} {spare}
+kvscale_router_deferred_served_tokens_total{{traffic_class="batch",release="deadline"}} 100
+# TYPE kvscale_router_deferred_completed counter
+kvscale_router_deferred_completed_total{{traffic_class="batch",outcome="met"}} {met}
+kvscale_router_deferred_completed_total{{traffic_class="batch",outcome="missed"}} 1
 """
 
 
@@ -52,7 +52,7 @@ def test_two_readings_of_two_routers_sum_and_rate() -> None:
 
 def test_a_router_without_deferrable_classes_has_no_backlog() -> None:
     plain = parse_router(
-        "# TYPE kvscale_router:pending_requests gauge\nkvscale_router:pending_requests 2\n", 0
+        "# TYPE kvscale_router_pending_requests gauge\nkvscale_router_pending_requests 2\n", 0
     )
     assert backlogs([plain], [None]) == ()
 
@@ -71,10 +71,10 @@ def test_the_prometheus_queries_and_their_answers() -> None:
     tgt = Target("ns", "llama", 60, 60, (), (PodAddress("router-0", "10.0.0.1", 8000),))
     texts = Queries(tgt).deferred()
     assert (
-        'sum by (traffic_class, due_within) (kvscale_router:deferred_queue_tokens{namespace="ns"'
+        'sum by (traffic_class, due_within) (kvscale_router_deferred_queue_tokens{namespace="ns"'
         in texts["tokens"]
     )
-    assert "rate(kvscale_router:deferred_served_tokens_total{" in texts["served"]
+    assert "rate(kvscale_router_deferred_served_tokens_total{" in texts["served"]
 
     def vector(*rows: tuple[dict[str, str], float]) -> list[dict[str, Any]]:
         return [{"metric": m, "value": [0, str(v)]} for m, v in rows]
