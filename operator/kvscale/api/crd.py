@@ -149,7 +149,9 @@ def crd() -> JSON:
                     "subresources": {
                         "status": {},
                         "scale": {
-                            "specReplicasPath": ".spec.replicas",
+                            # always present (defaulted), so GET /scale answers on an
+                            # autoscaling endpoint; a PUT sets the floor the autoscaler keeps
+                            "specReplicasPath": ".spec.scaling.minReplicas",
                             "statusReplicasPath": ".status.replicas",
                             "labelSelectorPath": ".status.selector",
                         },

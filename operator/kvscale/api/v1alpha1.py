@@ -378,7 +378,8 @@ class ScalingSpec(_Model):
         Field(
             ge=0,
             le=1000,
-            description="Fewest replicas the capacity controller keeps (0 allows scale to zero).",
+            description="Fewest replicas the capacity controller keeps (0 allows scale to "
+            "zero); the scale subresource's spec.replicas, so `kubectl scale` sets this floor.",
         ),
     ] = 1
     max_replicas: Annotated[
@@ -491,7 +492,11 @@ class LLMEndpointSpec(_Model):
     cost: CostSpec = CostSpec()
     replicas: Annotated[
         int | None,
-        Field(ge=0, le=1000, description="Pins the replica count and suspends autoscaling."),
+        Field(
+            ge=0,
+            le=1000,
+            description="Pins the replica count and suspends autoscaling (unset: autoscaled).",
+        ),
     ] = None
 
     @model_validator(mode="after")

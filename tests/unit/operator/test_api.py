@@ -71,6 +71,8 @@ def test_crd_schema_is_structural() -> None:
 def test_crd_has_subresources_and_columns() -> None:
     version = crd()["spec"]["versions"][0]
     assert version["subresources"]["scale"]["labelSelectorPath"] == ".status.selector"
+    # a path the server always fills: GET /scale fails where the field is absent
+    assert version["subresources"]["scale"]["specReplicasPath"] == ".spec.scaling.minReplicas"
     names = [c["name"] for c in version["additionalPrinterColumns"]]
     assert names == ["Model", "Desired", "Ready", "Available", "SLO", "Reason", "Age"]
     conds = version["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]["conditions"]
