@@ -14,7 +14,7 @@ from pydantic import ValidationError
 
 from kvscale.api import v1alpha1 as api
 from kvscale.children import engine
-from kvscale.children.router import render_router
+from kvscale.children.router import client_url, render_router
 from kvscale.kube import Kube
 from kvscale.status import endpoint
 from kvscale.status.conditions import Cond
@@ -143,6 +143,7 @@ def reconcile(
         generation=generation,
         desired=desired,
         selector=engine.selector_string(owner.name),
+        url=client_url(owner),
         seen=endpoint.Observed.read(deployment, pods),
         problems=problems,
         old=old_status,

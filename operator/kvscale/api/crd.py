@@ -85,6 +85,7 @@ def _prune(value: Any) -> Any:
 def _printer_columns() -> list[JSON]:
     return [
         {"name": "Model", "type": "string", "jsonPath": ".spec.model.name"},
+        {"name": "URL", "type": "string", "jsonPath": ".status.url"},
         {"name": "Desired", "type": "integer", "jsonPath": ".status.desiredReplicas"},
         {"name": "Ready", "type": "integer", "jsonPath": ".status.readyReplicas"},
         {

@@ -195,6 +195,10 @@ class LLMEndpointStatus(_Status):
     selector: Annotated[
         str | None, _says("Label selector of the engine pods (for the scale subresource).")
     ] = None
+    url: Annotated[
+        str | None,
+        _says("In-cluster base URL of the endpoint's OpenAI API (the router Service <name>)."),
+    ] = None
     conditions: Annotated[
         list[Condition],
         Field(

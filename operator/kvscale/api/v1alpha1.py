@@ -485,7 +485,12 @@ class LLMEndpointSpec(_Model):
         list[TrafficClass],
         Field(
             max_length=16,
-            description="Admission classes: priority and queueing per class of request.",
+            description="Admission classes: priority and queueing per class of request; a "
+            "list-map keyed by name (server-side apply merges entries by name).",
+            json_schema_extra={
+                "x-kubernetes-list-type": "map",
+                "x-kubernetes-list-map-keys": ["name"],
+            },
         ),
     ] = []
     scaling: ScalingSpec = ScalingSpec()

@@ -74,7 +74,7 @@ def test_crd_has_subresources_and_columns() -> None:
     # a path the server always fills: GET /scale fails where the field is absent
     assert version["subresources"]["scale"]["specReplicasPath"] == ".spec.scaling.minReplicas"
     names = [c["name"] for c in version["additionalPrinterColumns"]]
-    assert names == ["Model", "Desired", "Ready", "Available", "SLO", "Reason", "Age"]
+    assert names == ["Model", "URL", "Desired", "Ready", "Available", "SLO", "Reason", "Age"]
     conds = version["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]["conditions"]
     assert conds["x-kubernetes-list-type"] == "map"
     assert conds["x-kubernetes-list-map-keys"] == ["type"]
@@ -107,3 +107,11 @@ def test_descriptions_state_scalar_defaults() -> None:
     assert "seconds" in scaling["capacityIntervalSeconds"]["description"].lower()
     engine = schema["properties"]["spec"]["properties"]["engine"]["properties"]
     assert engine["enablePrefixCaching"]["description"].endswith("Default: true.")
+
+
+def test_traffic_classes_are_a_list_map_keyed_by_name() -> None:
+    spec = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    classes = spec["properties"]["trafficClasses"]
+    assert classes["x-kubernetes-list-type"] == "map"
+    assert classes["x-kubernetes-list-map-keys"] == ["name"]
+    assert "name" in classes["items"]["required"]  # a list-map key may not be absent
