@@ -109,10 +109,17 @@ def _printer_columns() -> list[JSON]:
     ]
 
 
+UNOBSERVED: JSON = {"observedGeneration": 0}
+
+
 def crd() -> JSON:
     """The full CustomResourceDefinition object."""
     spec_schema = structural(api.LLMEndpointSpec)
     status_schema = structural(status_api.LLMEndpointStatus)
+    # An endpoint the operator has not yet observed reads as in progress to kstatus (Flux, Argo
+    # CD): the server fills this default in whenever it reads an object without status (a create
+    # drops the status it was sent), and observedGeneration 0 never equals a generation.
+    status_schema["default"] = UNOBSERVED
     schema = {
         "type": "object",
         "description": "An autoscaled LLM inference endpoint.",

@@ -115,3 +115,9 @@ def test_traffic_classes_are_a_list_map_keyed_by_name() -> None:
     assert classes["x-kubernetes-list-type"] == "map"
     assert classes["x-kubernetes-list-map-keys"] == ["name"]
     assert "name" in classes["items"]["required"]  # a list-map key may not be absent
+
+
+def test_status_defaults_to_unobserved() -> None:
+    """The server fills this in on read, so kstatus sees generation 1 against observed 0."""
+    status = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]
+    assert status["default"] == {"observedGeneration": 0}
