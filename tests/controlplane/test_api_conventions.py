@@ -9,6 +9,7 @@ import pytest
 from endpoint_helpers import endpoint, wait_available
 from kopf.testing import KopfRunner
 
+from kvscale.api.rules import MAX_ENDPOINT_NAME
 from kvscale.children.engine_args import ENGINE_PORT
 from kvscale.kube import Kube, KubeError
 from kvscale_cluster.fixtures import kubectl, wait_for
@@ -79,3 +80,19 @@ def test_traffic_classes_merge_by_name_under_server_side_apply(
         api.create(twice, strict=True)
     assert refused.value.status == 422, refused.value.message
     assert "Duplicate value" in refused.value.message, refused.value.message
+
+
+def test_the_longest_name_gets_its_children(
+    api: Kube, namespace: str, operator: KopfRunner
+) -> None:
+    """At the limit the operator's children apply: `<name>-engine` is a 63-character Service."""
+    name = "n" * MAX_ENDPOINT_NAME
+    api.create(endpoint(namespace, name=name))
+    wait_for(
+        lambda: api.get("v1", "Service", namespace, f"{name}-engine") is not None,
+        timeout=30,
+        what="the 63-character engine Service",
+    )
+    assert len(f"{name}-engine") == 63
+    obj = wait_available(api, namespace, ready=1, name=name)
+    assert obj["status"]["url"].startswith(f"http://{name}.")
