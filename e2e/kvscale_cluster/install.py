@@ -1,6 +1,7 @@
 """Installs kvscale on a cluster from manifests/, as `make demo` and the e2e tests do.
 
-`kubectl apply --server-side -k manifests/`, unchanged from a real cluster. The local cluster runs
+`kubectl apply --server-side -k e2e/install/`: manifests/ unchanged from a real cluster, plus the
+local cluster's allowed host path (where its tests write checkpoints). The local cluster runs
 no Prometheus Operator, so the optional ServiceMonitor component is left out (its CRD is kept here
 for the control-plane test of manifests/components/servicemonitor).
 """
@@ -12,6 +13,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS = ROOT / "manifests"
+LOCAL_INSTALL = ROOT / "e2e" / "install"  # manifests/ + the host paths local endpoints mount
 SERVICEMONITOR_CRD = ROOT / "e2e" / "crds" / "servicemonitors.monitoring.coreos.com.yaml"
 PODMONITOR_CRD = ROOT / "e2e" / "crds" / "podmonitors.monitoring.coreos.com.yaml"
 
@@ -20,7 +22,7 @@ Kubectl = Callable[..., object]
 
 def install_kvscale(kubectl: Kubectl) -> None:
     """Applies the manifests and waits for the operator to roll out."""
-    kubectl("apply", "--server-side", "-k", str(MANIFESTS))
+    kubectl("apply", "--server-side", "-k", str(LOCAL_INSTALL))
     kubectl(
         "-n", "kvscale-system", "rollout", "status", "deployment/kvscale-operator", "--timeout=180s"
     )

@@ -7,13 +7,13 @@ pods and its routing ConfigMap through the Kubernetes API. Locally: `--replicas 
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
 from pathlib import Path
 
 import uvicorn
 
+from kvscale_router import logs
 from kvscale_router.admission import ClassConfigError, parse_traffic_classes
 from kvscale_router.config import RouterConfig
 from kvscale_router.deferred import DeferralPolicy
@@ -38,6 +38,7 @@ SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kvscale-router", description=__doc__)
+    p.add_argument("--version", action="version", version=f"kvscale-router {logs.version()}")
     p.add_argument("--host", default="0.0.0.0")
     p.add_argument("--port", type=int, default=ROUTER_PORT)
     where = p.add_mutually_exclusive_group(required=True)
@@ -80,6 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "client's or load balancer's idle timeout, so a reused connection is never "
                    "closed under a request)")  # fmt: skip
     p.add_argument("--log-level", default="info")
+    p.add_argument("--log-format", choices=logs.LOG_FORMATS, default="text",
+                   help="json: one object a line (timestamp, level, logger, message)")  # fmt: skip
     return p
 
 
@@ -124,7 +127,7 @@ def router_config(args: argparse.Namespace) -> RouterConfig:
 def main(argv: list[str] | None = None) -> None:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+    logs.configure(args.log_level, args.log_format)
     try:
         config, source = router_config(args), source_of(args)
     except (ValueError, ClassConfigError) as exc:
@@ -134,6 +137,8 @@ def main(argv: list[str] | None = None) -> None:
         uvicorn.Config(
             app, host=args.host, port=args.port, loop="uvloop", http="httptools",
             access_log=False, log_level=args.log_level,
+            # JSON: uvicorn's loggers keep no handlers of their own and reach the root's
+            log_config=None if args.log_format == "json" else uvicorn.config.LOGGING_CONFIG,
             timeout_graceful_shutdown=int(args.drain_seconds),
             timeout_keep_alive=int(args.keep_alive_seconds),
         )

@@ -14,6 +14,8 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from kvscale import __version__
+
 
 @dataclass(frozen=True)
 class Tool:
@@ -35,12 +37,23 @@ MISSING_TOOLS = (
 )
 
 
+LOG_FORMATS = ("full", "plain", "json")  # Kopf's: `full` adds time, logger and level
+
+
+def configure_logging(args: argparse.Namespace) -> None:
+    """Kopf's logging, for the operator's own loggers too: `json` writes one object a line
+    (timestamp, level, message, and the endpoint in `object`)."""
+    import kopf
+
+    kopf.configure(verbose=args.verbose, log_format=kopf.LogFormat[args.log_format.upper()])
+
+
 def _operator(args: argparse.Namespace) -> int:
     import kopf
 
     import kvscale.handlers  # noqa: F401  (registers the handlers)
 
-    kopf.configure(verbose=args.verbose)
+    configure_logging(args)
     kopf.run(
         standalone=True,
         clusterwide=not args.namespace,
@@ -59,6 +72,7 @@ def _crd(args: argparse.Namespace) -> int:
 
 def parser() -> argparse.ArgumentParser:
     root = argparse.ArgumentParser(prog="kvscale", description=(__doc__ or "").split("\n\n")[0])
+    root.add_argument("--version", action="version", version=f"kvscale {__version__}")
     sub = root.add_subparsers(dest="command", required=True)
 
     op = sub.add_parser("operator", help="run the operator (Kopf) against the current cluster")
@@ -67,6 +81,9 @@ def parser() -> argparse.ArgumentParser:
         "--liveness", default=None, help="liveness endpoint, e.g. http://0.0.0.0:8080/healthz"
     )
     op.add_argument("--verbose", action="store_true")
+    op.add_argument(
+        "--log-format", choices=LOG_FORMATS, default="full", help="json: one object a line"
+    )
     op.set_defaults(func=_operator)
 
     crd = sub.add_parser("crd", help="print the LLMEndpoint CustomResourceDefinition")

@@ -31,7 +31,12 @@ METRICS_PORT = "KVSCALE_METRICS_PORT"  # "off" turns the operator's /metrics off
 def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     settings.posting.level = logging.WARNING
     settings.watching.server_timeout = 120
-    for resource in (("apps", "deployments"), ("", "services"), ("policy", "poddisruptionbudgets")):
+    for resource in (
+        ("apps", "deployments"),
+        ("", "services"),
+        ("policy", "poddisruptionbudgets"),
+        ("networking.k8s.io", "networkpolicies"),
+    ):
         settings.watching.label_selectors[resource] = MANAGED
     settings.watching.label_selectors["", "pods"] = ENDPOINT_LABEL
     metrics = OperatorMetrics()
@@ -63,6 +68,7 @@ async def endpoint_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo,
 @kopf.on.event("apps", "v1", "deployments", labels=CHILD_LABELS)
 @kopf.on.event("v1", "services", labels=CHILD_LABELS)
 @kopf.on.event("policy", "v1", "poddisruptionbudgets", labels=CHILD_LABELS)
+@kopf.on.event("networking.k8s.io", "v1", "networkpolicies", labels=CHILD_LABELS)
 async def child_event(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     for ref in body.metadata.get("ownerReferences", []):
         if ref.get("kind") == api.KIND and ref.get("apiVersion", "").startswith(api.GROUP):

@@ -43,6 +43,9 @@ _COLLECTIONS = {
     ),
     ("v1", "PersistentVolumeClaim"): "/api/v1/namespaces/{namespace}/persistentvolumeclaims",
     ("apps/v1", "Deployment"): "/apis/apps/v1/namespaces/{namespace}/deployments",
+    ("networking.k8s.io/v1", "NetworkPolicy"): (
+        "/apis/networking.k8s.io/v1/namespaces/{namespace}/networkpolicies"
+    ),
     ("policy/v1", "PodDisruptionBudget"): (
         "/apis/policy/v1/namespaces/{namespace}/poddisruptionbudgets"
     ),

@@ -13,8 +13,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from kvscale.api import v1alpha1 as api
-from kvscale.children import engine
-from kvscale.children.router import render_router
+from kvscale.children import engine, network
+from kvscale.children.router import client_url, render_router
 from kvscale.kube import Kube
 from kvscale.status import endpoint
 from kvscale.status.conditions import Cond
@@ -122,8 +122,10 @@ def reconcile(
     else:
         desired = min(max(desired, spec.scaling.min_replicas), spec.scaling.max_replicas)
     problems = model_problems(kube, owner.namespace, spec)
+    # the fence first: no engine pod is ever reachable from outside it
+    fence = kube.apply(network.engine_network_policy(owner, network.operator_namespace()))
     engine_objs = [kube.apply(obj) for obj in engine.render(owner, spec, desired)]
-    applied = [*engine_objs, *(kube.apply(obj) for obj in render_router(owner, spec))]
+    applied = [fence, *engine_objs, *(kube.apply(obj) for obj in render_router(owner, spec))]
     deployment = engine_objs[-1]
     pods = kube.list_pods(owner.namespace, engine.selector_string(owner.name))
 
@@ -143,6 +145,7 @@ def reconcile(
         generation=generation,
         desired=desired,
         selector=engine.selector_string(owner.name),
+        url=client_url(owner),
         seen=endpoint.Observed.read(deployment, pods),
         problems=problems,
         old=old_status,

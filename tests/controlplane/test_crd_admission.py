@@ -285,7 +285,7 @@ def test_malformed_endpoint_is_refused(
 
 NAMES: list[tuple[str, str]] = [
     ("llama.v2", "must be a DNS label (lowercase letters, digits and '-', no dots)"),
-    ("a" * 56, "must be at most 55 characters: the operator derives child names"),
+    ("a" * 57, "must be at most 56 characters: the operator names the endpoint's Services"),
 ]
 
 
@@ -363,7 +363,8 @@ ACCEPTED: list[tuple[str, dict[str, Any], tuple[str, ...], Any]] = [
             {"name": "batch", "priority": 0, "deadlineSeconds": 14400},
         ],
     ),
-    ("longest-name", with_spec(metadata__name="n" * 55), ("model", "name"), "tiny"),
+    # its longest Service name, <name>-engine, is exactly 63 characters
+    ("longest-name", with_spec(metadata__name="n" * 56), ("model", "name"), "tiny"),
 ]
 
 

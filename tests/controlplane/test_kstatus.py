@@ -10,7 +10,7 @@ from endpoint_helpers import condition, endpoint, get_endpoint
 from kopf.testing import KopfRunner
 
 from kvscale.kube import Kube
-from kvscale_cluster.fixtures import kubectl, wait_for
+from kvscale_cluster.fixtures import kubectl, run_operator, wait_for
 
 
 def kstatus(obj: dict[str, Any]) -> tuple[str, str, str]:
@@ -63,3 +63,33 @@ def test_rollout_then_stuck_image_as_kstatus_sees_them(
     obj = get_endpoint(api, namespace)
     assert condition(obj, "Stalled")["reason"] == "ImagePullFailed"
     assert condition(obj, "Reconciling")["status"] == "False"
+
+
+def flux_kstatus(obj: dict[str, Any]) -> str:
+    """kstatus' generic rule for custom resources (sigs.k8s.io/cli-utils `checkGenericProperties`,
+    what Flux and `kubectl wait --for=jsonpath` GitOps checks use)."""
+    observed = obj.get("status", {}).get("observedGeneration")
+    if observed is not None and observed != obj["metadata"]["generation"]:
+        return "InProgress"
+    if condition(obj, "Reconciling").get("status") == "True":
+        return "InProgress"
+    if condition(obj, "Stalled").get("status") == "True":
+        return "Failed"
+    return "Current"
+
+
+def test_a_new_endpoint_is_in_progress_until_the_operator_observes_it(
+    api: Kube, cluster: Any, namespace: str, crd: None
+) -> None:
+    created = api.create(endpoint(namespace))
+    assert flux_kstatus(created) == "InProgress", created.get("status")
+    assert flux_kstatus(get_endpoint(api, namespace)) == "InProgress"
+    with run_operator(cluster):
+        wait_for(
+            lambda: flux_kstatus(get_endpoint(api, namespace)) == "Current",
+            timeout=90,
+            what="kstatus Current once the operator observed and rolled out the endpoint",
+        )
+    obj = get_endpoint(api, namespace)
+    assert obj["status"]["observedGeneration"] == obj["metadata"]["generation"]
+    assert condition(obj, "Ready")["status"] == "True"

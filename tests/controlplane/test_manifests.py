@@ -70,8 +70,8 @@ def dry_run(cluster: Any, docs: list[dict[str, Any]]) -> str:
     ).stdout
 
 
-def one(docs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
-    found = [d for d in docs if d["kind"] == kind]
+def one(docs: list[dict[str, Any]], kind: str, name: str = "") -> dict[str, Any]:
+    found = [d for d in docs if d["kind"] == kind and d["metadata"]["name"].startswith(name)]
     assert len(found) == 1, [d["kind"] for d in docs]
     return found[0]
 
@@ -115,11 +115,11 @@ def test_namespaced_overlay_holds_a_role_and_watches_one_namespace(
 def test_role_holds_exactly_the_cluster_roles_namespaced_rules(cluster: Any) -> None:
     """The two installs cannot drift apart: the namespaced rules in a Role, and only read-only
     discovery (what Kopf lists and watches) cluster-wide."""
-    cluster_rules = one(rendered(cluster), "ClusterRole")["rules"]
+    cluster_rules = one(rendered(cluster), "ClusterRole", "kvscale-operator")["rules"]
     namespaced = rendered(cluster, NAMESPACED)
     role_rules = one(namespaced, "Role")["rules"]
     assert role_rules == [r for r in cluster_rules if not set(r["resources"]) & CLUSTER_SCOPED]
-    discovery = one(namespaced, "ClusterRole")["rules"]
+    discovery = one(namespaced, "ClusterRole", "kvscale-operator")["rules"]
     assert discovery == [r for r in cluster_rules if set(r["resources"]) & CLUSTER_SCOPED]
     assert all(set(r["verbs"]) <= {"list", "watch"} for r in discovery)
     finalizers = [r for r in role_rules if r["resources"] == ["llmendpoints/finalizers"]]

@@ -47,16 +47,25 @@ def test_creates_children_and_reports_status(
     assert events(api, namespace, "Created"), "no Created event"
 
 
-def test_kubectl_scale_pins_replicas(api: Kube, cluster: Any, namespace: str, chat: None) -> None:
-    kubectl(cluster, "-n", namespace, "scale", "llme/chat", "--replicas=2")
-    obj = wait_available(api, namespace, ready=2)
-    assert obj["spec"]["replicas"] == 2
-    assert obj["status"]["desiredReplicas"] == 2
+def test_scale_subresource_answers_on_an_autoscaling_endpoint(
+    api: Kube, cluster: Any, namespace: str, chat: None
+) -> None:
+    """What HPA, KEDA and Lens read: GET /scale on an endpoint without spec.replicas answers
+    with the current count; `kubectl scale` (a PUT) raises the autoscaler's floor, no pin."""
     path = f"/apis/kvscale.io/v1alpha1/namespaces/{namespace}/llmendpoints/chat/scale"
     scale = api.request("GET", path)
-    assert scale is not None and scale["status"]["replicas"] == 2
+    assert scale is not None and scale["status"]["replicas"] == 1
+    assert scale["spec"]["replicas"] == 1  # scaling.minReplicas
     assert scale["status"]["selector"] == "kvscale.io/endpoint=chat,kvscale.io/role=engine"
+    kubectl(cluster, "-n", namespace, "scale", "llme/chat", "--replicas=2")
+    obj = wait_available(api, namespace, ready=2)
+    assert obj["spec"]["scaling"]["minReplicas"] == 2 and "replicas" not in obj["spec"]
+    assert obj["status"]["desiredReplicas"] == 2
+    scale = api.request("GET", path)
+    assert scale is not None and scale["status"]["replicas"] == 2
     wait_for(lambda: bool(events(api, namespace, "ScaledUp")), timeout=20, what="a ScaledUp event")
+    refused = kubectl(cluster, "-n", namespace, "scale", "llme/chat", "--replicas=9", check=False)
+    assert "minReplicas must not exceed scaling.maxReplicas" in refused.stderr, refused
 
 
 def test_foreign_replica_change_is_restored(api: Kube, namespace: str, chat: None) -> None:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
+import logging
 import subprocess
 import sys
 
 import pytest
 
-from kvscale import cli
+from kvscale import __version__, cli
 
 HEAVY = ("numpy", "httpx", "tqdm", "matplotlib", "kvscale.tools.loadtest")
 
@@ -45,3 +47,24 @@ def test_unknown_arguments_of_operator_commands_are_refused() -> None:
     with pytest.raises(SystemExit) as done:
         cli.main(["crd", "--bogus"])
     assert done.value.code == 2
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as done:
+        cli.main(["--version"])
+    assert done.value.code == 0
+    assert capsys.readouterr().out.strip() == f"kvscale {__version__}"
+
+
+def test_operator_logs_json(capsys: pytest.CaptureFixture[str]) -> None:
+    """`kvscale operator --log-format=json`: the operator's own lines through Kopf's JSON."""
+    args = cli.parser().parse_args(["operator", "--log-format=json"])
+    cli.configure_logging(args)
+    try:
+        logging.getLogger("kvscale.worker").warning("Drained replica %s", "chat-engine-0")
+        line = capsys.readouterr().err.strip().splitlines()[-1]
+    finally:
+        cli.configure_logging(cli.parser().parse_args(["operator"]))
+    entry = json.loads(line)
+    assert entry["message"] == "Drained replica chat-engine-0"
+    assert entry["severity"] == "warn" and "timestamp" in entry

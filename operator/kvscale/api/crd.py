@@ -5,11 +5,13 @@ translation inlines `$ref`s, turns `Optional[X]` into an optional `X` and `int |
 `x-kubernetes-int-or-string`, rewrites numeric `exclusiveMinimum` into the OpenAPI boolean form,
 drops what structural schemas forbid (`additionalProperties: false`, titles), and keeps each
 section's fully expanded default so the server fills it when the user leaves a whole section out
-(CEL rules see complete objects). Rules on metadata.name sit on the schema's root.
+(CEL rules see complete objects). A field's scalar default is appended to its description, so
+`kubectl explain` shows it. Rules on metadata.name sit on the schema's root.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import yaml
@@ -63,7 +65,14 @@ def _convert(node: JSON, defs: JSON) -> JSON:
         out["default"] = _prune(out["default"])
     if out.get("type") == "array" and out.get("default") == []:
         del out["default"]
+    if "description" in out and isinstance(out.get("default"), bool | int | float | str):
+        out["description"] = f"{out['description']} Default: {_literal(out['default'])}."
     return out
+
+
+def _literal(value: bool | int | float | str) -> str:
+    """A default as a user writes it (`true`, `60`, `8Gi`)."""
+    return value if isinstance(value, str) and value else json.dumps(value)
 
 
 def _prune(value: Any) -> Any:
@@ -76,6 +85,7 @@ def _prune(value: Any) -> Any:
 def _printer_columns() -> list[JSON]:
     return [
         {"name": "Model", "type": "string", "jsonPath": ".spec.model.name"},
+        {"name": "URL", "type": "string", "jsonPath": ".status.url"},
         {"name": "Desired", "type": "integer", "jsonPath": ".status.desiredReplicas"},
         {"name": "Ready", "type": "integer", "jsonPath": ".status.readyReplicas"},
         {
@@ -99,18 +109,25 @@ def _printer_columns() -> list[JSON]:
     ]
 
 
+UNOBSERVED: JSON = {"observedGeneration": 0}
+
+
 def crd() -> JSON:
     """The full CustomResourceDefinition object."""
     spec_schema = structural(api.LLMEndpointSpec)
     status_schema = structural(status_api.LLMEndpointStatus)
+    # An endpoint the operator has not yet observed reads as in progress to kstatus (Flux, Argo
+    # CD): the server fills this default in whenever it reads an object without status (a create
+    # drops the status it was sent), and observedGeneration 0 never equals a generation.
+    status_schema["default"] = UNOBSERVED
     schema = {
         "type": "object",
         "description": "An autoscaled LLM inference endpoint.",
         "required": ["spec"],
         "x-kubernetes-validations": api.ENDPOINT_RULES,
         "properties": {
-            "apiVersion": {"type": "string"},
-            "kind": {"type": "string"},
+            "apiVersion": {"type": "string", "description": f"{api.GROUP}/{api.VERSION}"},
+            "kind": {"type": "string", "description": api.KIND},
             "metadata": {"type": "object"},
             "spec": spec_schema,
             "status": status_schema,
@@ -140,7 +157,9 @@ def crd() -> JSON:
                     "subresources": {
                         "status": {},
                         "scale": {
-                            "specReplicasPath": ".spec.replicas",
+                            # always present (defaulted), so GET /scale answers on an
+                            # autoscaling endpoint; a PUT sets the floor the autoscaler keeps
+                            "specReplicasPath": ".spec.scaling.minReplicas",
                             "statusReplicasPath": ".status.replicas",
                             "labelSelectorPath": ".status.selector",
                         },

@@ -32,16 +32,20 @@ def matches_rule(pattern: str, message: str, negate: bool = False) -> JSON:
 # --- endpoint names -----------------------------------------------------------------------
 
 CHILD_SUFFIXES = ("-engine", "-router", "-routing")  # Services, a Deployment, a ConfigMap
-NAME_LIMIT = 63  # Service names and label values
-MAX_ENDPOINT_NAME = NAME_LIMIT - max(len(s) for s in CHILD_SUFFIXES)
+# Only Service names (DNS labels, <name> and <name>-engine) and label values (<name>) are limited
+# to 63 characters; the other children's names are DNS subdomains (253)
+SERVICE_SUFFIXES = ("", "-engine")
+NAME_LIMIT = 63
+MAX_ENDPOINT_NAME = NAME_LIMIT - max(len(s) for s in SERVICE_SUFFIXES)
 NAME_NOT_LABEL = (
     "metadata.name must be a DNS label (lowercase letters, digits and '-', no dots): the "
     "operator names the endpoint's Services <name>-engine and <name>-router, and Service "
     "names cannot contain dots"
 )
 NAME_TOO_LONG = (
-    f"metadata.name must be at most {MAX_ENDPOINT_NAME} characters: the operator derives child "
-    f"names up to <name>-routing, and Service names are limited to {NAME_LIMIT} characters"
+    f"metadata.name must be at most {MAX_ENDPOINT_NAME} characters: the operator names the "
+    f"endpoint's Services <name> and <name>-engine, and Service names are limited to "
+    f"{NAME_LIMIT} characters"
 )
 
 

@@ -64,6 +64,8 @@ def _path(pattern: str, description: str, **field: Any) -> Any:
 
 
 class HostPathSource(_Model):
+    """A checkpoint directory on the node, mounted read-only."""
+
     path: Annotated[
         str,
         _path(
@@ -74,6 +76,8 @@ class HostPathSource(_Model):
 
 
 class PVCSource(_Model):
+    """A checkpoint on a PersistentVolumeClaim, mounted read-only."""
+
     claim_name: Annotated[
         str,
         Field(
@@ -95,6 +99,8 @@ class PVCSource(_Model):
 
 
 class DummySource(_Model):
+    """Seeded random weights of a named shape: no checkpoint needed (benchmarks, demos)."""
+
     preset: Annotated[
         Literal["llama-tiny", "llama-bench-cpu", "llama-3-8b", "mistral-7b", "qwen2-0.5b"],
         Field(description="Model shape of the seeded random weights (benchmarks, demos)."),
@@ -102,6 +108,8 @@ class DummySource(_Model):
 
 
 class ModelSource(_Model):
+    """Where the weights come from: exactly one of hostPath, pvc or dummy."""
+
     model_config = ConfigDict(
         json_schema_extra=_rules(
             (
@@ -122,6 +130,8 @@ class ModelSource(_Model):
 
 
 class ModelSpec(_Model):
+    """The model the endpoint serves."""
+
     name: Annotated[
         str,
         Field(
@@ -142,6 +152,8 @@ class ModelSpec(_Model):
 
 
 class EngineSpec(_Model):
+    """The inference engine each replica runs."""
+
     image: (
         Annotated[
             str,
@@ -187,13 +199,17 @@ class EngineSpec(_Model):
             description="Token budget of one scheduler step (chunked prefill splits longer ones).",
         ),
     ] = 8192
-    enable_prefix_caching: bool = True
+    enable_prefix_caching: Annotated[
+        bool,
+        Field(description="Reuse the KV cache of shared prompt prefixes across requests."),
+    ] = True
     extra_args: Annotated[
         list[
             Annotated[
                 str,
                 Field(
                     max_length=1024,
+                    description="One argument: a flag (--name, --name=value) or a value.",
                     json_schema_extra=_validations(
                         rules.matches_rule(rules.ARGUMENT, rules.ARGUMENT_MESSAGE),
                         rules.matches_rule(
@@ -226,6 +242,8 @@ Quantity = Annotated[
 
 
 class ResourcesSpec(_Model):
+    """What each replica requests (requests equal limits)."""
+
     model_config = ConfigDict(
         json_schema_extra=_rules(
             (
@@ -236,7 +254,7 @@ class ResourcesSpec(_Model):
     )
     gpus_per_replica: Annotated[
         int,
-        Field(ge=0, le=16, description="nvidia.com/gpu per replica."),
+        Field(ge=0, le=16, description="GPUs (nvidia.com/gpu) per replica; 0 runs on CPU."),
     ] = 1
     gpu_type: Annotated[
         str | None,
@@ -246,8 +264,16 @@ class ResourcesSpec(_Model):
             description="Node label nvidia.com/gpu.product the replicas must run on.",
         ),
     ] = None
-    cpu: Annotated[Quantity, Field(description="CPU request and limit per replica.")] = "2"
-    memory: Annotated[Quantity, Field(description="Memory request and limit per replica.")] = "8Gi"
+    cpu: Annotated[
+        Quantity,
+        Field(description="CPU request and limit per replica (cores, or m: millicores)."),
+    ] = "2"
+    memory: Annotated[
+        Quantity,
+        Field(
+            description="Memory request and limit per replica (a quantity in bytes: 8Gi, 512Mi)."
+        ),
+    ] = "8Gi"
 
     @model_validator(mode="after")
     def _gpu_type_needs_gpus(self) -> ResourcesSpec:
@@ -260,20 +286,22 @@ class ResourcesSpec(_Model):
 
 
 class SLOSpec(_Model):
+    """The latency targets interactive requests are served within."""
+
     ttft_p99_seconds: Annotated[
         float,
-        Field(gt=0, le=600, description="p99 time to first token."),
+        Field(gt=0, le=600, description="p99 time to first token, in seconds."),
     ] = 2.0
     itl_p99_seconds: Annotated[
         float,
-        Field(gt=0, le=60, description="p99 inter-token latency."),
+        Field(gt=0, le=60, description="p99 inter-token latency, in seconds."),
     ] = 0.2
     attainment_target: Annotated[
         float,
         Field(
             ge=0.5,
             le=1,
-            description="Fraction of requests that must meet both targets.",
+            description="Fraction (0.5-1) of requests that must meet both targets.",
         ),
     ] = 0.99
 
@@ -297,6 +325,8 @@ TOO_MANY_DEFERRABLE = f"at most {MAX_DEFERRABLE_CLASSES} trafficClasses may set 
 # a deferrable class (deadlineSeconds) is held by the router, earliest deadline first, and released
 # into spare capacity, and the capacity law counts only the rate its deadlines require.
 class TrafficClass(_Model):
+    """One class of requests: its priority, how long it may queue, and (deferrable) its deadline."""
+
     model_config = ConfigDict(
         json_schema_extra=_rules(
             (
@@ -311,15 +341,23 @@ class TrafficClass(_Model):
             ),
         )
     )
-    name: Annotated[str, Field(min_length=1, max_length=63, pattern=DNS_LABEL)]
+    name: Annotated[
+        str,
+        Field(
+            min_length=1,
+            max_length=63,
+            pattern=DNS_LABEL,
+            description="Class name (a DNS label), unique in the list; requests name it.",
+        ),
+    ]
     priority: Annotated[int, Field(ge=0, le=1000, description="Higher is admitted first.")] = 0
     max_queue_wait_seconds: Annotated[
         float | None,
         Field(
             gt=0,
             le=DEADLINE_LIMIT,
-            description="A request that would wait longer is refused with 429 (default: 30 s for "
-            "an interactive class, the deadline for a deferrable one).",
+            description="A request that would wait longer, in seconds, is refused with 429 "
+            "(default: 30 s for an interactive class, the deadline for a deferrable one).",
         ),
     ] = None
     deadline_seconds: Annotated[
@@ -371,6 +409,8 @@ class TrafficClass(_Model):
 
 
 class SignalsSpec(_Model):
+    """Where the controllers read the replicas' metrics."""
+
     model_config = ConfigDict(
         json_schema_extra=_rules(
             (
@@ -395,6 +435,8 @@ class SignalsSpec(_Model):
 
 
 class ScalingSpec(_Model):
+    """The capacity and routing controllers' bounds and timing."""
+
     model_config = ConfigDict(
         json_schema_extra=_rules(
             (
@@ -407,30 +449,61 @@ class ScalingSpec(_Model):
             ),
         )
     )
-    min_replicas: Annotated[int, Field(ge=0, le=1000)] = 1
-    max_replicas: Annotated[int, Field(ge=1, le=1000)] = 4
+    min_replicas: Annotated[
+        int,
+        Field(
+            ge=0,
+            le=1000,
+            description="Fewest replicas the capacity controller keeps (0 allows scale to "
+            "zero); the scale subresource's spec.replicas, so `kubectl scale` sets this floor.",
+        ),
+    ] = 1
+    max_replicas: Annotated[
+        int, Field(ge=1, le=1000, description="Most replicas the capacity controller runs.")
+    ] = 4
     scale_to_zero_after_seconds: Annotated[
         int | None,
         Field(
             ge=30,
             le=86_400,
-            description="Idle time after which the last replica is removed.",
+            description="Idle time, in seconds, after which the last replica is removed.",
         ),
     ] = None
-    capacity_interval_seconds: Annotated[int, Field(ge=10, le=600)] = 60
-    routing_interval_seconds: Annotated[float, Field(ge=1, le=60)] = 3.0
-    forecast_horizon_seconds: Annotated[int, Field(ge=0, le=3600)] = 300
+    capacity_interval_seconds: Annotated[
+        int,
+        Field(ge=10, le=600, description="Seconds between the capacity controller's decisions."),
+    ] = 60
+    routing_interval_seconds: Annotated[
+        float,
+        Field(ge=1, le=60, description="Seconds between routing-weight updates."),
+    ] = 3.0
+    forecast_horizon_seconds: Annotated[
+        int,
+        Field(
+            ge=0,
+            le=3600,
+            description="Cap, in seconds, on how far ahead demand is forecast (0 turns "
+            "forecasting off).",
+        ),
+    ] = 300
     headroom: Annotated[
         float, Field(ge=0, le=4, description="Spare capacity kept above the forecast (0.2 = 20%).")
     ] = 0.2
-    scale_down_stabilization_seconds: Annotated[int, Field(ge=0, le=3600)] = 300
+    scale_down_stabilization_seconds: Annotated[
+        int,
+        Field(
+            ge=0,
+            le=3600,
+            description="Seconds demand must stay low before a replica is removed.",
+        ),
+    ] = 300
     replica_capacity_tokens_per_second: Annotated[
         float | None,
         Field(
             gt=0,
             le=10_000_000,
             description="Prior for what one replica carries within the SLO (prompt + generated "
-            "tokens/s), e.g. from `kvscale plan`; the controller refines it online.",
+            "tokens per second), e.g. from `kvscale plan`; the controller refines it online.",
         ),
     ] = None
     signals: SignalsSpec = SignalsSpec()
@@ -443,16 +516,22 @@ class ScalingSpec(_Model):
 
 
 class CostSpec(_Model):
+    """Prices for the cost figures in status.cost."""
+
     gpu_hour_price: Annotated[
-        float, Field(ge=0, le=10_000, description="Price of one GPU-hour.")
+        float, Field(ge=0, le=10_000, description="Price of one GPU-hour, in currency.")
     ] = 0.0
-    currency: Annotated[str, Field(pattern=r"^[A-Z]{3}$")] = "USD"
+    currency: Annotated[
+        str, Field(pattern=r"^[A-Z]{3}$", description="ISO 4217 code of the prices.")
+    ] = "USD"
 
 
 # --- the endpoint -------------------------------------------------------------------------
 
 
 class LLMEndpointSpec(_Model):
+    """The desired state of an LLM inference endpoint."""
+
     model_config = ConfigDict(
         json_schema_extra=_rules(
             (
@@ -486,13 +565,25 @@ class LLMEndpointSpec(_Model):
     slo: SLOSpec = SLOSpec()
     traffic_classes: Annotated[
         list[TrafficClass],
-        Field(max_length=16, description="Admission classes."),
+        Field(
+            max_length=16,
+            description="Admission classes: priority and queueing per class of request; a "
+            "list-map keyed by name (server-side apply merges entries by name).",
+            json_schema_extra={
+                "x-kubernetes-list-type": "map",
+                "x-kubernetes-list-map-keys": ["name"],
+            },
+        ),
     ] = []
     scaling: ScalingSpec = ScalingSpec()
     cost: CostSpec = CostSpec()
     replicas: Annotated[
         int | None,
-        Field(ge=0, le=1000, description="Pins the replica count and suspends autoscaling."),
+        Field(
+            ge=0,
+            le=1000,
+            description="Pins the replica count and suspends autoscaling (unset: autoscaled).",
+        ),
     ] = None
 
     @model_validator(mode="after")

@@ -38,6 +38,11 @@ def routing_configmap_name(endpoint: str) -> str:
     return f"{endpoint}-routing"
 
 
+def client_url(owner: Owner) -> str:
+    """The in-cluster base URL of the OpenAI API clients use: the router Service `<name>`."""
+    return f"http://{owner.name}.{owner.namespace}.svc:{ENGINE_PORT}/v1"
+
+
 def router_replicas(spec: api.LLMEndpointSpec) -> int:
     """Two routers (no single point of failure) once the endpoint may have two replicas."""
     most = spec.replicas if spec.replicas is not None else spec.scaling.max_replicas

@@ -140,6 +140,7 @@ def compute(
     generation: int,
     desired: int,
     selector: str,
+    url: str,
     seen: Observed,
     problems: list[Problem],
     old: JSON,
@@ -154,6 +155,7 @@ def compute(
         "readyReplicas": seen.ready,
         "desiredReplicas": desired,
         "selector": selector,
+        "url": url,
         "conditions": merge(old.get("conditions", []), [*conds, *kstatus(conds)], generation, now),
     }
 

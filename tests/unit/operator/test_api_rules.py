@@ -5,6 +5,7 @@ The same values go to the real API server in tests/controlplane/test_crd_admissi
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -14,6 +15,7 @@ from kvscale.api import rules
 from kvscale.api.v1alpha1 import LLMEndpointSpec
 from kvscale.children import engine
 from kvscale.children.engine_args import engine_args
+from kvscale.children.router import render_router
 from kvscale_cluster.specs import MODEL, llm_spec
 
 spec = llm_spec
@@ -152,8 +154,22 @@ def test_every_flag_the_operator_renders_is_managed() -> None:
 def test_endpoint_names(name: str, problem: str | None) -> None:
     assert rules.endpoint_name_problem(name) == problem
     if problem is None:
-        for suffix in rules.CHILD_SUFFIXES:
+        for suffix in rules.SERVICE_SUFFIXES:
             assert len(name + suffix) <= 63
+
+
+def test_the_name_limit_follows_the_services() -> None:
+    """The longest name allowed makes the longest Service name exactly 63 characters; every other
+    child's name stays a DNS subdomain and every label value within 63."""
+    owner = engine.Owner("a" * rules.MAX_ENDPOINT_NAME, "ns", "uid")
+    spec = LLMEndpointSpec.model_validate({"model": {"name": "m", "source": {"dummy": {}}}})
+    children = [*engine.render(owner, spec, 1), *render_router(owner, spec)]
+    services = [c["metadata"]["name"] for c in children if c["kind"] == "Service"]
+    assert max(len(s) for s in services) == 63
+    assert {s.removeprefix(owner.name) for s in services} == set(rules.SERVICE_SUFFIXES)
+    for child in children:
+        assert re.fullmatch(rules.DNS_SUBDOMAIN, child["metadata"]["name"])
+        assert all(len(v) <= 63 for v in child["metadata"]["labels"].values())
 
 
 def test_derived_child_names_use_a_known_suffix() -> None:

@@ -49,6 +49,12 @@ def test_names_follow_the_contract() -> None:
     assert engines.isdisjoint({"chat", "chat-routing", "chat-router"})
 
 
+def test_client_url_is_the_router_service_on_its_port() -> None:
+    service = by_kind(router.render_router(OWNER, spec()))["Service"]
+    port = service["spec"]["ports"][0]["port"]
+    assert router.client_url(OWNER) == f"http://chat.team-a.svc:{port}/v1"
+
+
 def test_rbac_reads_only_what_the_router_watches() -> None:
     objs = by_kind(router.render_router(OWNER, spec()))
     rules = objs["Role"]["rules"]

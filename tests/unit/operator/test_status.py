@@ -25,6 +25,7 @@ def compute(desired: int, seen: endpoint.Observed, old: Any = None, **kw: Any) -
         generation=4,
         desired=desired,
         selector="a=b",
+        url="http://chat.ns.svc:8000/v1",
         seen=seen,
         problems=kw.get("problems", []),
         old=old or {},
