@@ -137,9 +137,14 @@ def test_values_set_images_resources_and_admission(helm: Path) -> None:
     assert container["resources"]["limits"] == {"cpu": "1", "memory": "1Gi"}
     config = objects[("v1", "ConfigMap", "ops", "kvscale-admission")]
     assert config["data"]["allowedHostPathPrefixes"] == "/models"
-    own = template(helm, "ops", "images.registry=a.example", "images.operator.registry=b.example")
-    image = own[("apps/v1", "Deployment", "ops", "kvscale-operator")]["spec"]["template"]["spec"]
-    assert image["containers"][0]["image"].startswith("b.example/kvscale/operator:")
+    own = template(
+        helm, "ops", "images.registry=a.example", "images.operator.registry=b.example",
+        "operator.imagePullSecrets[0].name=pull", "operator.priorityClassName=high",
+    )  # fmt: skip
+    pod = own[("apps/v1", "Deployment", "ops", "kvscale-operator")]["spec"]["template"]["spec"]
+    assert pod["containers"][0]["image"].startswith("b.example/kvscale/operator:")
+    assert pod["imagePullSecrets"] == [{"name": "pull"}] and pod["priorityClassName"] == "high"
+    assert "imagePullSecrets" not in container and "nodeSelector" not in pod
 
 
 def test_an_unknown_value_or_scope_is_refused(helm: Path) -> None:
