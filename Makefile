@@ -8,11 +8,12 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PYTEST := $(BIN)/pytest
 K8S_BIN = $(shell e2e/k8sbin/build.sh)
+HELM = $(shell e2e/helm/build.sh)
 # the local cluster (kvscale_cluster) and the demo (kvscale_demo) are not installed: they run from
 # the source tree (pytest's `pythonpath` and `python -m bench` find them themselves)
 E2E_PATH := PYTHONPATH=$(CURDIR)/e2e
 
-.PHONY: profile prereqs venv system-deps k8s vllm lint typecheck imports crds test test-unit \
+.PHONY: profile prereqs venv system-deps k8s helm vllm lint typecheck imports crds chart test test-unit \
 	test-engine test-controlplane test-e2e test-fresh demo bench cluster-up cluster-down image clean
 
 $(STAMP): pyproject.toml
@@ -37,23 +38,32 @@ system-deps:
 k8s:
 	e2e/k8sbin/build.sh
 
+# helm from its Go module into ~/.cache/kvscale/helm/<version>/ (once), for the chart's tests
+helm:
+	e2e/helm/build.sh
+
 # vLLM's CPU build in its own venv under ~/.cache/kvscale/vllm/<version>/ (once; ~6 GB), for the
 # vLLM tests (e2e/tests/test_vllm.py); prints the venv folder
 vllm:
 	e2e/vllm/install.sh
 
 lint: venv
-	$(BIN)/ruff check operator engine-image e2e tests bench
-	$(BIN)/ruff format --check operator engine-image e2e tests bench
+	$(BIN)/ruff check operator engine-image e2e tests bench charts
+	$(BIN)/ruff format --check operator engine-image e2e tests bench charts
 
 typecheck: venv
-	$(BIN)/mypy operator/kvscale engine-image/kvscale_engine engine-image/kvscale_router e2e/kvscale_cluster e2e/kvscale_demo
+	$(BIN)/mypy operator/kvscale engine-image/kvscale_engine engine-image/kvscale_router e2e/kvscale_cluster e2e/kvscale_demo \
+		charts/generate.py
 
 imports: venv
 	$(BIN)/lint-imports
 
 crds: venv
 	$(BIN)/kvscale crd > crds/llmendpoints.kvscale.io.yaml
+
+# charts/kvscale/ from manifests/ (after `make crds` or any change there; a unit test checks it)
+chart: venv
+	$(BIN)/python charts/generate.py
 
 # the unit tier checks the alert and recording rules with promtool (system-deps)
 test-unit: venv system-deps
@@ -62,12 +72,13 @@ test-unit: venv system-deps
 test-engine: venv
 	$(PYTEST) tests/engine
 
-test-controlplane: prereqs venv system-deps k8s
-	KVSCALE_K8S_BIN=$(K8S_BIN) $(PYTEST) tests/controlplane
+# the chart's tests run helm (make helm)
+test-controlplane: prereqs venv system-deps k8s helm
+	KVSCALE_K8S_BIN=$(K8S_BIN) KVSCALE_HELM=$(HELM) $(PYTEST) tests/controlplane
 
 # e2e/tests/test_vllm.py runs real vLLM replicas from the venv `make vllm` builds (once, ~6 GB)
-test-e2e: prereqs venv system-deps k8s vllm
-	KVSCALE_K8S_BIN=$(K8S_BIN) $(PYTEST) e2e/tests
+test-e2e: prereqs venv system-deps k8s helm vllm
+	KVSCALE_K8S_BIN=$(K8S_BIN) KVSCALE_HELM=$(HELM) $(PYTEST) e2e/tests
 
 test: prereqs lint typecheck imports test-unit test-engine test-controlplane test-e2e
 

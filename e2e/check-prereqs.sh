@@ -3,7 +3,7 @@
 # at once (exit 1), or nothing but notes (exit 0):
 #   - Python >= 3.11 ($PY, default python3) with venv, for .venv;
 #   - a Go toolchain at least as new as e2e/k8sbin/go.mod's `go` line, unless the control-plane
-#     binaries are already built in the cache;
+#     binaries and helm (e2e/helm/build.sh) are already built in the cache;
 #   - root: the local cluster puts pods in network namespaces (ip netns, veth, a bridge), and
 #     `make system-deps` installs Debian packages.
 # The system packages that `make system-deps` installs (Prometheus for promtool and the cluster,
@@ -32,14 +32,15 @@ built=1
 for b in kube-apiserver kube-controller-manager kube-scheduler etcd; do
   [ -x "$cache/$b" ] || built=0
 done
+[ -x "${KVSCALE_CACHE:-$HOME/.cache/kvscale}/helm/$(cat e2e/helm/VERSION)/helm" ] || built=0
 if [ "$built" = 0 ]; then
   go=$(command -v go || { [ -x /usr/local/go/bin/go ] && echo /usr/local/go/bin/go; })
   if [ -z "$go" ]; then
-    missing+=("Go >= $go_needed to build the control plane once (https://go.dev/dl/; none found)")
+    missing+=("Go >= $go_needed to build the control plane and helm once (https://go.dev/dl/; none found)")
   else
     have=$("$go" env GOVERSION 2>/dev/null | sed 's/^go//')
     version_ge "$have" "$go_needed" \
-      || missing+=("Go >= $go_needed to build the control plane once (found $have at $go)")
+      || missing+=("Go >= $go_needed to build the control plane and helm once (found $have at $go)")
   fi
 fi
 

@@ -30,3 +30,21 @@ def k8s_bin_dir() -> Path:
     if missing:
         raise MissingBinaries(f"{folder} lacks {', '.join(missing)}; run e2e/k8sbin/build.sh")
     return folder
+
+
+HELM_BUILD_SCRIPT = BUILD_SCRIPT.parent.parent / "helm" / "build.sh"
+
+
+def helm_binary() -> Path:
+    """helm: ``$KVSCALE_HELM``, else built (once, then cached) by e2e/helm/build.sh."""
+    configured = os.environ.get("KVSCALE_HELM")
+    if configured:
+        path = Path(configured)
+    else:
+        done = subprocess.run([str(HELM_BUILD_SCRIPT)], capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            raise MissingBinaries(f"{HELM_BUILD_SCRIPT} failed:\n{done.stderr[-4000:]}")
+        path = Path(done.stdout.strip().splitlines()[-1])
+    if not os.access(path, os.X_OK):
+        raise MissingBinaries(f"no helm at {path}; run e2e/helm/build.sh")
+    return path

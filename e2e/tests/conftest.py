@@ -12,9 +12,9 @@ pytest_plugins = ["kvscale_cluster.fixtures"]
 
 @pytest.fixture(scope="module")
 def installed(cluster: Cluster) -> Iterator[None]:
-    """kvscale from `kubectl apply -k manifests/`, removed again after the module."""
+    """kvscale from `kubectl apply -k manifests/`, removed again after the module, CRD too."""
     install_kvscale(lambda *args: kubectl(cluster, *args))
     try:
         yield
     finally:
-        uninstall_kvscale(lambda *args: kubectl(cluster, *args))
+        uninstall_kvscale(lambda *args: kubectl(cluster, *args), crds=True)

@@ -9,8 +9,9 @@ Service with the official `openai` client, and every wait is on a condition.
   or 0 while it warms up) until it is weighted again, the requests it was streaming fail at once
   and no other request does;
 - uninstalling with endpoints still present (the operator first, then `kubectl delete -k
-  manifests/`) does not wedge: endpoints carry no finalizer, and their children are
-  garbage-collected through owner references.
+  manifests/`) does not wedge and leaves the CRD and the endpoints; deleting the CRD on purpose
+  (`kubectl delete -k manifests/crds/`) then does not wedge either: endpoints carry no finalizer,
+  and their children are garbage-collected through owner references.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from test_autoscale import API, INTERVAL, MODEL, apply, endpoint, events, servin
 
 from kvscale.kube import Kube
 from kvscale_cluster.fixtures import Cluster, kubectl, wait_for
-from kvscale_cluster.install import uninstall_kvscale
+from kvscale_cluster.install import CRD_NAME, CRDS, uninstall_kvscale
 
 ENGINES = "kvscale.io/endpoint=chat,kvscale.io/role=engine"
 WEIGHT = "kvscale_router_replica_weight"  # what each router routes a replica with
@@ -208,7 +209,12 @@ def test_uninstall_with_endpoints_present_does_not_wedge(
         lambda: not pods(api, OPERATOR_NAMESPACE, OPERATOR_SELECTOR), 120, "the operator's pod gone"
     )
     kubectl(cluster, "-n", namespace, "delete", "llme", "removed", "--timeout=60s")
-    uninstall_kvscale(lambda *args: kubectl(cluster, *args))  # the CRD takes `kept` with it
+    uninstall_kvscale(lambda *args: kubectl(cluster, *args))  # the CRD and `kept` stay
+    kubectl(cluster, "get", CRD_NAME)
+    assert api.get(API, "LLMEndpoint", namespace, "kept") is not None
+    assert children(api, namespace, "kept")
+    # removing the CRD on purpose takes `kept` with it
+    kubectl(cluster, "delete", "-k", str(CRDS), "--timeout=180s")
     assert api.get(API, "LLMEndpoint", namespace, "kept") is None
 
     def collected() -> bool:

@@ -2,7 +2,8 @@
 
 Three shapes: the cluster-wide base (`kubectl apply -k manifests/`, no Prometheus Operator
 needed), the base plus the optional ServiceMonitor component, and the namespaced overlay (a Role,
-`--namespace`).
+`--namespace`). The CRD is apart, in manifests/crds/, so deleting any of them leaves it and the
+endpoints.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from endpoint_helpers import ROOT, endpoint, wait_available
+from endpoint_helpers import ENDPOINT, ROOT, endpoint, wait_available
 from kopf.testing import KopfRunner
 from kubernetes.config import kube_config
 
@@ -23,7 +24,14 @@ from kvscale_cluster.fixtures import kubectl
 from kvscale_cluster.install import PODMONITOR_CRD, SERVICEMONITOR_CRD
 
 NAMESPACE = "kvscale-system"
+CRD = "llmendpoints.kvscale.io"
 BASE = ROOT / "manifests"
+CRDS = BASE / "crds"
+KEEP = {  # what keeps GitOps tools and Helm from deleting the CRD with the install
+    "argocd.argoproj.io/sync-options": "Prune=false,Delete=false",
+    "kustomize.toolkit.fluxcd.io/prune": "disabled",
+    "helm.sh/resource-policy": "keep",
+}
 WITH_SERVICEMONITOR = BASE / "overlays" / "prometheus-operator"
 NAMESPACED = BASE / "overlays" / "namespaced"
 SERVICEMONITOR_CRD_NAME = "crd/servicemonitors.monitoring.coreos.com"
@@ -78,7 +86,7 @@ def one(docs: list[dict[str, Any]], kind: str, name: str = "") -> dict[str, Any]
 
 def test_manifests_render_every_part(cluster: Any) -> None:
     kinds = {(d["kind"], d["metadata"]["name"]) for d in rendered(cluster)}
-    assert ("CustomResourceDefinition", "llmendpoints.kvscale.io") in kinds
+    assert "CustomResourceDefinition" not in {kind for kind, _ in kinds}  # manifests/crds/
     assert ("Deployment", "kvscale-operator") in kinds
     assert ("ClusterRole", "kvscale-operator") in kinds
     assert not {kind for kind, _ in kinds} & {"ServiceMonitor", "PodMonitor"}  # optional
@@ -92,6 +100,14 @@ def test_manifests_render_every_part(cluster: Any) -> None:
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert operator["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"] is True
+
+
+def test_the_crd_is_its_own_kustomization_that_gitops_tools_keep(cluster: Any) -> None:
+    crd = one(rendered(cluster, CRDS), "CustomResourceDefinition", "llmendpoints.kvscale.io")
+    assert crd["metadata"]["annotations"] == KEEP
+    assert crd["metadata"]["labels"] == {"app.kubernetes.io/part-of": "kvscale"}
+    committed = yaml.safe_load((ROOT / "crds" / "llmendpoints.kvscale.io.yaml").read_text())
+    assert crd["spec"] == committed["spec"]
 
 
 def test_namespaced_overlay_holds_a_role_and_watches_one_namespace(
@@ -131,7 +147,7 @@ def test_base_passes_a_server_side_dry_run_without_the_prometheus_operator(
 ) -> None:
     for name in (SERVICEMONITOR_CRD_NAME, PODMONITOR_CRD_NAME):
         kubectl(cluster, "delete", name, "--ignore-not-found", "--wait=true")
-    docs = rendered(cluster)
+    docs = rendered(cluster, CRDS) + rendered(cluster)
     namespace = [d for d in docs if d["kind"] == "Namespace"]
     kubectl(cluster, "apply", "--server-side", "-f", "-", stdin=yaml.safe_dump_all(namespace))
     out = dry_run(cluster, docs)
@@ -193,6 +209,23 @@ def test_namespaced_overlay_passes_a_server_side_dry_run(
         "clusterrole",
     ):
         assert kind in out.lower(), out
+
+
+def test_deleting_the_install_leaves_the_crd_and_the_endpoints(
+    cluster: Any, crd: None, api: Kube, namespace: str
+) -> None:
+    """`kubectl delete -k manifests/` (as a GitOps prune of the install would) removes the
+    operator, its RBAC and namespace, and nothing of the API: endpoints stay, to be served again
+    by the next install."""
+    kubectl(cluster, "apply", "--server-side", "-k", str(CRDS))
+    kubectl(cluster, "apply", "--server-side", "-k", str(BASE))
+    api.create(endpoint(namespace))
+    kubectl(cluster, "delete", "-k", str(BASE), "--wait=true", "--timeout=120s")
+    assert api.get("apps/v1", "Deployment", NAMESPACE, "kvscale-operator") is None
+    assert api.request("GET", f"/api/v1/namespaces/{NAMESPACE}") is None
+    crd = api.request("GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{CRD}")
+    assert crd is not None and crd["metadata"].get("deletionTimestamp") is None
+    assert api.get(ENDPOINT, "LLMEndpoint", namespace, "chat") is not None
 
 
 def test_samples_pass_a_server_side_dry_run(cluster: Any, crd: None, namespace: str) -> None:

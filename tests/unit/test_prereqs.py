@@ -34,7 +34,7 @@ def test_old_python_and_old_go_are_both_reported(tmp_path: Path) -> None:
     assert done.returncode == 1
     wanted = (ROOT / "e2e" / "k8sbin" / "go.mod").read_text().split("\ngo ")[1].split()[0]
     assert "Python >= 3.11 (python3.9 is Python 3.9.18" in done.stderr, done.stderr
-    assert f"Go >= {wanted} to build the control plane once (found 1.21.4" in done.stderr
+    assert f"Go >= {wanted} to build the control plane and helm once (found 1.21.4" in done.stderr
     if os.getuid() != 0:
         assert "root: the local cluster runs pods in network namespaces" in done.stderr
 
@@ -54,6 +54,11 @@ def test_missing_go_is_reported_only_while_the_binaries_are_unbuilt(tmp_path: Pa
     binaries.mkdir(parents=True)
     for name in ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "etcd"):
         fake(binaries, name, "true")
+    if not Path("/usr/local/go/bin/go").exists():
+        assert "Go >= " in check(tmp_path, **no_go).stderr  # helm is still to build
+    helm = tmp_path / "cache" / "helm" / (ROOT / "e2e" / "helm" / "VERSION").read_text().strip()
+    helm.mkdir(parents=True)
+    fake(helm, "helm", "true")
     assert "Go >= " not in check(tmp_path, **no_go).stderr
 
 
