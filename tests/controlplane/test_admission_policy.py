@@ -57,7 +57,7 @@ def configure(cluster: Any, api: Kube, crd: None) -> Iterator[Configure]:
 
     try:
         probe = with_source("default", "/")
-        wait_for(lambda: refusal(api, probe) is not None, timeout=30, what="the policy in force")
+        wait_for(lambda: refusal(api, probe) is not None, timeout=120, what="the policy in force")
         yield apply_data
     finally:
         kubectl(cluster, "delete", "validatingadmissionpolicybinding", POLICY, "--ignore-not-found")
@@ -83,7 +83,7 @@ def test_host_paths_under_an_allowed_prefix_and_allowed_images_are_accepted(
 ) -> None:
     configure(allowedHostPathPrefixes="/models, /mnt/llm/", allowedImagePrefixes="reg.example/llm/")
     inside = with_source(namespace, "/models/llama")
-    wait_for(lambda: refusal(api, inside) is None, timeout=30, what="/models allowed")
+    wait_for(lambda: refusal(api, inside) is None, timeout=120, what="/models allowed")
     assert refusal(api, with_source(namespace, "/models")) is None
     assert refusal(api, with_source(namespace, "/mnt/llm/a/b")) is None
     for outside in ("/etc/kubernetes", "/modelsX/llama", "/", "/mnt/llmx"):
@@ -110,7 +110,7 @@ def test_host_paths_under_an_allowed_prefix_and_allowed_images_are_accepted(
             return "/models/llama is not under a host path" in err.message
         return False
 
-    wait_for(spec_refused, timeout=30, what="a spec change refused once /models is removed")
+    wait_for(spec_refused, timeout=120, what="a spec change refused once /models is removed")
     annotated = api.request(
         "PATCH", path, {"metadata": {"annotations": {"a": "b"}}}, None,
         "application/merge-patch+json",
