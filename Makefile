@@ -86,7 +86,7 @@ cluster-up: prereqs venv system-deps k8s
 cluster-down: venv
 	$(E2E_PATH) $(BIN)/python -m kvscale_cluster down
 
-bench: venv
+bench: venv vllm  # engine_vs_vllm serves vLLM from its venv
 	$(BIN)/python -m bench
 
 # sweep the real engine on this machine into operator/kvscale/profiles/<name>.json
