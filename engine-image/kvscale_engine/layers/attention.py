@@ -3,8 +3,10 @@
 Each layer's cache is a flat [slots, kv_heads, head_dim] pair; slot = block_id * block_size +
 offset. A step writes its new K/V at `slot_mapping`, then attends over each sequence's slots:
 
-- `reference` (CPU and GPU): decodes batched into one SDPA call over gathered, padded contexts;
-  each prefill chunk its own SDPA call (plain causal when the chunk is the whole context).
+- `reference` (CPU and GPU): decodes batched into one SDPA call over gathered, padded contexts,
+  gathered a whole block at a time (one `index_select` row per block, not per token: per-token
+  advanced indexing was a third of a CPU decode step at 32 in flight); each prefill chunk its own
+  SDPA call (plain causal when the chunk is the whole context).
 - paged decode (CUDA, `paged_decode.py`): when the runner installs it, decodes read K/V through
   their block tables in a Triton kernel instead of the gathered SDPA call; no gather, no mask.
 - `flex` (CUDA): decodes as above; all prefill chunks in one FlexAttention call over the packed
@@ -52,7 +54,7 @@ class PrefillSpan:
 class AttentionMetadata:
     slot_mapping: torch.Tensor
     num_decodes: int = 0
-    decode_kv_index: torch.Tensor | None = None
+    decode_kv_blocks: torch.Tensor | None = None  # reference decode: [decodes * max_blocks]
     decode_mask: torch.Tensor | None = None
     decode_block_tables: torch.Tensor | None = None  # paged decode: [decodes, max_blocks]
     decode_context_lens: torch.Tensor | None = None  # paged decode: [decodes]
@@ -112,17 +114,15 @@ def _decode_inputs(
 ) -> None:
     max_len = max(s.end for s in spans)
     max_blocks = -(-max_len // block_size)
-    tables = torch.zeros(len(spans), max_blocks, dtype=torch.long)
-    for row, s in enumerate(spans):
-        tables[row, : len(s.block_table[:max_blocks])] = torch.tensor(s.block_table[:max_blocks])
+    rows = [s.block_table[:max_blocks] for s in spans]
+    tables = torch.tensor([r + [0] * (max_blocks - len(r)) for r in rows], dtype=torch.long)
     ends = torch.tensor([s.end for s in spans]).unsqueeze(1)
     if paged_decode:
         meta.decode_block_tables = tables.to(torch.int32).to(device)
         meta.decode_context_lens = ends.squeeze(1).to(torch.int32).to(device)
         return
-    pos = torch.arange(max_len).expand(len(spans), max_len)
-    index = tables.gather(1, pos // block_size) * block_size + pos % block_size
-    meta.decode_kv_index = index.to(device)
+    pos = torch.arange(max_blocks * block_size).expand(len(spans), -1)
+    meta.decode_kv_blocks = tables.flatten().to(device)
     mask = pos < ends
     if window is not None:
         mask &= pos > ends - 1 - window
@@ -236,9 +236,16 @@ class PagedAttention(torch.nn.Module):
             return self.decode_fn(
                 q, k_cache, v_cache, m.decode_block_tables, m.decode_context_lens, scale=self.scale
             )
-        assert m.decode_kv_index is not None
-        kk = k_cache[m.decode_kv_index].transpose(1, 2)  # [batch, kv_heads, ctx, dim]
-        vv = v_cache[m.decode_kv_index].transpose(1, 2)
+        assert m.decode_kv_blocks is not None and m.decode_mask is not None
+        batch, _, _, ctx = m.decode_mask.shape  # ctx: whole blocks
+        block_size = ctx * batch // len(m.decode_kv_blocks)
+        kk, vv = (  # [batch, kv_heads, ctx, dim]
+            c.view(-1, block_size, *c.shape[1:])
+            .index_select(0, m.decode_kv_blocks)
+            .view(batch, ctx, *c.shape[1:])
+            .transpose(1, 2)
+            for c in (k_cache, v_cache)
+        )
         o = F.scaled_dot_product_attention(
             q.unsqueeze(2), kk, vv, attn_mask=m.decode_mask, scale=self.scale, enable_gqa=True
         )
