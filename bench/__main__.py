@@ -27,6 +27,7 @@ BENCHMARKS = {
     "kv_waste": "bench.kv_waste",
     "server_overhead": "bench.server_overhead",
     "engine_vs_vllm": "bench.engine_vs_vllm",
+    "peer_client": "bench.peer_client",
     "admission": "bench.admission",
     "operator_scale": "bench.operator_scale",
     "service_proxy": "bench.service_proxy",

@@ -241,6 +241,7 @@ def _latencies(records: list[RequestRecord]) -> dict[str, float | None]:
         for q in (50, 99):
             ms = float(np.percentile(values, q)) * 1000 if values else None
             out[f"{name}_p{q}_ms"] = None if ms is None else round(ms, 2)
+    out["itl_mean_ms"] = round(float(np.mean(itl)) * 1000, 2) if itl else None
     return out
 
 
