@@ -72,7 +72,10 @@ class ModelRunner:
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> list[int]:
         """One forward over the batch; a token for each sequence that samples, in batch order."""
-        items = sorted(batch.seqs, key=lambda s: s.num_new_tokens != 1)  # decodes first
+        # decodes first, shortest first (the reference attention gathers them by length)
+        items = sorted(
+            batch.seqs, key=lambda s: (s.num_new_tokens != 1, s.end * (s.num_new_tokens == 1))
+        )
         hidden = self._replay(items) if self.graphs is not None else None
         if hidden is None:  # eager
             hidden = self._forward(items)
