@@ -12,15 +12,18 @@ and mean ITL.
 The metrics are not defined alike, so only comparable ones are compared: GuideLLM's ITL is each
 request's (latency - TTFT) / (tokens - 1), token-weighted, i.e. the mean gap between tokens, so
 it is set beside our mean ITL (not the p50 of raw gaps); its throughput here is completed output
-tokens over the benchmark's duration, like ours.
+tokens over the benchmark's duration, like ours. Both clients share the 2 CPUs with the server,
+so each client's own CPU time is recorded beside its numbers.
 """
 
 from __future__ import annotations
 
 import json
 import random
+import resource
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -84,9 +87,10 @@ def _compare(
     out: dict[str, Any] = {}
     for n in p["in_flight"]:
         count = n * int(p["requests_per_slot"])
-        ours = _run_load(
-            server, Load(f"closed_{n}", [_request(i, p, rng) for i in range(count)], n)
-        )
+        requests = [_request(i, p, rng) for i in range(count)]
+        cpu = time.process_time()
+        ours = _run_load(server, Load(f"closed_{n}", requests, n))
+        ours["client_cpu_s"] = round(time.process_time() - cpu, 2)
         theirs = _guidellm(server.url, guidellm, model, n, count, p, tmp / f"gl-{n}.json")
         pairs = {k: (ours[k], theirs[k]) for k in ("output_tok_s", "ttft_p50_ms", "itl_mean_ms")}
         out[f"closed_{n}"] = {
@@ -121,7 +125,10 @@ def _guidellm(
     scenario = out.with_suffix(".scenario.json")
     scenario.write_text(json.dumps({"metadata": {"name": "kvscale-peer"}, "spec": spec}))
     command = [str(venv / "bin" / "guidellm"), "run", "-c", str(scenario), "--disable-console"]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     subprocess.run(command, check=True, capture_output=True, timeout=1800)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
     bench = json.loads(out.read_text())["benchmarks"][0]
     m = bench["metrics"]
     tokens = m["output_token_count"]["successful"]["total_sum"]
@@ -133,4 +140,5 @@ def _guidellm(
         "ttft_p50_ms": round(m["time_to_first_token_ms"]["successful"]["median"], 2),
         "ttft_p99_ms": round(m["time_to_first_token_ms"]["successful"]["percentiles"]["p99"], 2),
         "itl_mean_ms": round(m["inter_token_latency_ms"]["successful"]["mean"], 2),
+        "client_cpu_s": round(cpu, 2),  # its processes' CPU time, start-up included
     }
