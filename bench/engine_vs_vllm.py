@@ -20,7 +20,8 @@ and a worker process), sampled during each run.
 
 Where a decode step's time went (torch.profiler and cProfile over 20-30 offline steps of this
 model, 1 torch thread, greedy, contexts 128-400; shares of the step, since absolute times swung
-3x with the other jobs on the machine):
+3x with the other jobs on the machine; "after" is with packed weights and the block-wise gather,
+before the decode groups):
 
 | share of a decode step (before -> after)                | 1 in flight | 32 in flight |
 |---------------------------------------------------------|-------------|--------------|
@@ -37,6 +38,14 @@ packed_linear.py`: 32 in flight 29-45 ms against 62-92 ms a step), the block-wis
 (32 in flight 27-39 ms against 38-45 ms; 64 in flight 58-71 ms against 181-266 ms). Not taken:
 fusing q/k/v and gate/up into one GEMM each (no consistent gain over packed weights), and
 torch.compile (compiling a graph per batch-size bucket takes minutes on this machine).
+
+What the first full run showed (bench/results/engine_vs_vllm.json, load average 4-9 from other
+jobs): the engine serves long contexts and shared prefixes far slower than vLLM over HTTP
+(shared prefix 0.35x, heavy tail 0.32x), while offline its decode step at 16 x 560 tokens took
+23 ms against an ITL p50 of 83 ms through the server: the next levers are a decode attention
+that reads K/V in place (vLLM's CPU paged attention does), the same block-wise gather for
+prefill chunks after a cached prefix (still per token), and the engine loop in its own process
+(vLLM's API server and engine core are two processes on two cores).
 
 `--quick` runs a few small loads on `llama-tiny` widened to head_dim 64 (vLLM's CPU attention
 needs it); its smoke test lives in the e2e tier (e2e/tests/test_bench_vllm.py), the
