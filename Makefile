@@ -38,7 +38,7 @@ k8s:
 	e2e/k8sbin/build.sh
 
 # vLLM's CPU build in its own venv under ~/.cache/kvscale/vllm/<version>/ (once; ~6 GB), for the
-# vLLM tests (e2e/tests/test_vllm.py); prints the venv folder
+# vLLM tests (e2e/tests/test_vllm.py, test_bench_vllm.py) and `make bench`; prints the venv folder
 vllm:
 	e2e/vllm/install.sh
 

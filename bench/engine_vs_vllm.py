@@ -39,13 +39,18 @@ packed_linear.py`: 32 in flight 29-45 ms against 62-92 ms a step), the block-wis
 fusing q/k/v and gate/up into one GEMM each (no consistent gain over packed weights), and
 torch.compile (compiling a graph per batch-size bucket takes minutes on this machine).
 
-What the first full run showed (bench/results/engine_vs_vllm.json, load average 4-9 from other
-jobs): the engine serves long contexts and shared prefixes far slower than vLLM over HTTP
-(shared prefix 0.35x, heavy tail 0.32x), while offline its decode step at 16 x 560 tokens took
-23 ms against an ITL p50 of 83 ms through the server: the next levers are a decode attention
-that reads K/V in place (vLLM's CPU paged attention does), the same block-wise gather for
-prefill chunks after a cached prefix (still per token), and the engine loop in its own process
-(vLLM's API server and engine core are two processes on two cores).
+What two full runs showed (engine code of 1fc7e0b; load average 4-9 and 2-7 from other jobs;
+the second is in bench/results/engine_vs_vllm.json): kvscale / vLLM output tok/s 0.60x and 0.52x
+at 1 in flight, 1.02x and 0.69x at 8, 0.82x and 0.58x at 32, 0.52x and 0.60x at 64, 0.53x and
+0.48x at 128; shared prefix 0.35x and 0.34x, heavy tail 0.32x and 0.64x. vLLM still leads at
+every load but one, and its ITL p50 at 1 in flight is about half the engine's (7 ms against 14).
+The engine serves long contexts and shared prefixes far slower than vLLM over HTTP, while
+offline its decode step at 16 x 560 tokens took 23 ms against an ITL p50 of 83 ms through the
+server: the next levers are a decode attention
+that reads K/V in place (vLLM's CPU paged attention does) and the engine loop in its own process
+(vLLM's API server and engine core are two processes on two cores). The block-wise gather for
+prefill chunks after a cached prefix did not pay (16 prefix-hit prefills of 32 tokens after a
+1,024-token prefix: 302-735 ms against 305-450 ms side by side) and was reverted.
 
 `--quick` runs a few small loads on `llama-tiny` widened to head_dim 64 (vLLM's CPU attention
 needs it); its smoke test lives in the e2e tier (e2e/tests/test_bench_vllm.py), the
