@@ -43,7 +43,7 @@ helm:
 	e2e/helm/build.sh
 
 # vLLM's CPU build in its own venv under ~/.cache/kvscale/vllm/<version>/ (once; ~6 GB), for the
-# vLLM tests (e2e/tests/test_vllm.py); prints the venv folder
+# vLLM tests (e2e/tests/test_vllm.py, test_bench_vllm.py) and `make bench`; prints the venv folder
 vllm:
 	e2e/vllm/install.sh
 
@@ -97,7 +97,7 @@ cluster-up: prereqs venv system-deps k8s
 cluster-down: venv
 	$(E2E_PATH) $(BIN)/python -m kvscale_cluster down
 
-bench: venv
+bench: venv vllm  # engine_vs_vllm serves vLLM from its venv
 	$(BIN)/python -m bench
 
 # sweep the real engine on this machine into operator/kvscale/profiles/<name>.json

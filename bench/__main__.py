@@ -26,6 +26,8 @@ BENCHMARKS = {
     "prefix_cache": "bench.prefix_cache",
     "kv_waste": "bench.kv_waste",
     "server_overhead": "bench.server_overhead",
+    "engine_vs_vllm": "bench.engine_vs_vllm",
+    "peer_client": "bench.peer_client",
     "admission": "bench.admission",
     "operator_scale": "bench.operator_scale",
     "service_proxy": "bench.service_proxy",

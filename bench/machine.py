@@ -52,3 +52,21 @@ def _mem_total_kib() -> int:
         if line.startswith("MemTotal:"):
             return int(line.split()[1])
     return 0
+
+
+def tree_rss_bytes(pid: int) -> int:
+    """Resident memory of a process and all its descendants now (Linux /proc; shared pages are
+    counted once per process, so a tree that forks counts its shared libraries more than once)."""
+    total, todo = 0, [pid]
+    while todo:
+        current = todo.pop()
+        try:
+            status = Path(f"/proc/{current}/status").read_text()
+            children = Path(f"/proc/{current}/task/{current}/children").read_text().split()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        for line in status.splitlines():
+            if line.startswith("VmRSS:"):
+                total += int(line.split()[1]) * 1024
+        todo.extend(int(c) for c in children)
+    return total

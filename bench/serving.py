@@ -1,4 +1,4 @@
-"""An engine server in a child process, for the benchmarks that go through HTTP."""
+"""A server in a child process, for the benchmarks that go through HTTP: ours, or vLLM's."""
 
 from __future__ import annotations
 
@@ -44,21 +44,47 @@ def engine_process(
     """`engine_server`, yielding the process too (for its CPU time)."""
     port = free_port()
     admin_port = next(p for p in iter(free_port, None) if p != port)
-    url = f"http://127.0.0.1:{port}"
     cmd = [
         sys.executable, "-m", "kvscale_engine.cli", "serve", "--model", str(model),
         "--served-model-name", name, "--host", "127.0.0.1", "--port", str(port),
         "--admin-port", str(admin_port),
         "--device", "cpu", "--log-level", "warning", *args,
     ]  # fmt: skip
+    env = dict(os.environ)
+    if torch_threads is not None:
+        env["OMP_NUM_THREADS"] = str(torch_threads)
+    with _served(cmd, env, port, "/ready", 180) as process:
+        yield process
+
+
+@contextmanager
+def vllm_process(
+    venv: Path, model: Path, *args: str, name: str = "bench", env: dict[str, str] | None = None
+) -> Iterator[EngineProcess]:
+    """vLLM's OpenAI server from its own venv (e2e/vllm/install.sh), ready to serve; `env` adds
+    to this process's environment (VLLM_CPU_KVCACHE_SPACE, OMP_NUM_THREADS)."""
+    port = free_port()
+    cmd = [
+        str(venv / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(model), "--served-model-name", name,
+        "--host", "127.0.0.1", "--port", str(port), "--disable-uvicorn-access-log", *args,
+    ]  # fmt: skip
+    # its own venv: none of our source folders on its path
+    base = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    with _served(cmd, base | (env or {}), port, "/v1/models", 600) as process:
+        yield process
+
+
+@contextmanager
+def _served(
+    cmd: list[str], env: dict[str, str], port: int, ready_path: str, start_s: float
+) -> Iterator[EngineProcess]:
+    url = f"http://127.0.0.1:{port}"
     with tempfile.TemporaryFile() as log:
-        env = dict(os.environ)
-        if torch_threads is not None:
-            env["OMP_NUM_THREADS"] = str(torch_threads)
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
         try:
-            deadline = time.monotonic() + 180
-            while not _ready(url):
+            deadline = time.monotonic() + start_s
+            while not _ready(url + ready_path):
                 if proc.poll() is not None or time.monotonic() > deadline:
                     log.seek(0)
                     raise RuntimeError(f"server did not start:\n{log.read().decode()[-3000:]}")
@@ -75,6 +101,6 @@ def engine_process(
 
 def _ready(url: str) -> bool:
     try:
-        return httpx.get(f"{url}/ready", timeout=2).status_code == 200
+        return httpx.get(url, timeout=2).status_code == 200
     except httpx.TransportError:
         return False

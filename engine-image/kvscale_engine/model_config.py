@@ -41,6 +41,11 @@ NAMED_ARCHS: dict[str, dict[str, Any]] = {
         "intermediate_size": 1536, "num_hidden_layers": 8, "num_attention_heads": 8,
         "num_key_value_heads": 2, "rope_theta": 10000.0, "max_position_embeddings": 4096,
     },
+    "llama-bench-vllm": {  # llama-bench-cpu with the checkpoint tokenizer's vocabulary
+        "model_type": "llama", "vocab_size": 512, "hidden_size": 512,
+        "intermediate_size": 1536, "num_hidden_layers": 8, "num_attention_heads": 8,
+        "num_key_value_heads": 2, "rope_theta": 10000.0, "max_position_embeddings": 4096,
+    },
     "llama-tiny": {
         "model_type": "llama", "vocab_size": 512, "hidden_size": 64,
         "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,

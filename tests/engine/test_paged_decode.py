@@ -82,7 +82,7 @@ def _compare(
     expected = attn(q, k, v, ref_cache, ref_meta)
 
     meta = build_metadata(spans, block_size, window, DEVICE, paged_decode=True)
-    assert meta.decode_kv_index is None and meta.decode_block_tables is not None
+    assert not meta.decode_groups and meta.decode_block_tables is not None
     attn.decode_fn = functools.partial(kernel.paged_decode, block_size=block_size, window=window)
     got = attn(q, k, v, (k_cache, v_cache), meta)
 

@@ -4,7 +4,8 @@ At start it loads the model, sizes the KV pool from the memory budget (device me
 the activation peak measured over a profiling pass) and allocates one flat K and V tensor per
 layer. Decodes run through the Triton paged-decode kernel on CUDA and, unless --enforce-eager,
 replay a CUDA graph per batch-size bucket (`cuda_graphs.py`, `graph_runner.py`); prefill and mixed
-steps run eager. The CPU keeps the reference attention.
+steps run eager. The CPU keeps the reference attention, and in fp32 multiplies by weights that
+oneDNN reordered once at load (`layers/packed_linear.py`).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from kvscale_engine.engine.memory_budget import (
 )
 from kvscale_engine.engine.scheduler import ScheduledBatch, ScheduledSeq
 from kvscale_engine.layers.attention import BlockMaskFn, SeqSpan, build_metadata
+from kvscale_engine.layers.packed_linear import can_pack, pack_linears
 from kvscale_engine.layers.sampler import SampleRequest, sample, to_device
 from kvscale_engine.model_config import ModelConfig
 from kvscale_engine.models.llama import KVCache
@@ -45,6 +47,8 @@ class ModelRunner:
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
         self.model = load_model(config, model_cfg, self.device, self.dtype)
+        if can_pack(self.device, self.dtype):  # fp32 on the CPU: oneDNN's blocked weights
+            pack_linears(self.model)
         self.block_mask_fn: BlockMaskFn | None = None
         if _use_flex(config, self.device):
             self._install_flex()
@@ -68,7 +72,10 @@ class ModelRunner:
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> list[int]:
         """One forward over the batch; a token for each sequence that samples, in batch order."""
-        items = sorted(batch.seqs, key=lambda s: s.num_new_tokens != 1)  # decodes first
+        # decodes first, shortest first (the reference attention gathers them by length)
+        items = sorted(
+            batch.seqs, key=lambda s: (s.num_new_tokens != 1, s.end * (s.num_new_tokens == 1))
+        )
         hidden = self._replay(items) if self.graphs is not None else None
         if hidden is None:  # eager
             hidden = self._forward(items)

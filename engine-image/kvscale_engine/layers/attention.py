@@ -3,8 +3,12 @@
 Each layer's cache is a flat [slots, kv_heads, head_dim] pair; slot = block_id * block_size +
 offset. A step writes its new K/V at `slot_mapping`, then attends over each sequence's slots:
 
-- `reference` (CPU and GPU): decodes batched into one SDPA call over gathered, padded contexts;
-  each prefill chunk its own SDPA call (plain causal when the chunk is the whole context).
+- `reference` (CPU and GPU): decodes batched into one SDPA call over gathered, padded contexts,
+  gathered a whole block at a time (one `index_select` row per block, not per token: per-token
+  advanced indexing was a third of a CPU decode step at 32 in flight), in groups of similar
+  length (the runner orders decodes by length; a group spans at most a factor of two, so padding
+  is under half of what a group gathers); each prefill chunk its own SDPA call (plain causal
+  when the chunk is the whole context).
 - paged decode (CUDA, `paged_decode.py`): when the runner installs it, decodes read K/V through
   their block tables in a Triton kernel instead of the gathered SDPA call; no gather, no mask.
 - `flex` (CUDA): decodes as above; all prefill chunks in one FlexAttention call over the packed
@@ -48,12 +52,21 @@ class PrefillSpan:
     mask: torch.Tensor | None  # None: plain causal
 
 
+@dataclass(frozen=True)
+class DecodeGroup:
+    """Decode rows [start, stop) of similar length: their K/V blocks and padding mask."""
+
+    start: int
+    stop: int
+    kv_blocks: torch.Tensor  # [rows * max_blocks]
+    mask: torch.Tensor  # [rows, 1, 1, max_blocks * block_size]
+
+
 @dataclass
 class AttentionMetadata:
     slot_mapping: torch.Tensor
     num_decodes: int = 0
-    decode_kv_index: torch.Tensor | None = None
-    decode_mask: torch.Tensor | None = None
+    decode_groups: list[DecodeGroup] = field(default_factory=list)  # reference decode
     decode_block_tables: torch.Tensor | None = None  # paged decode: [decodes, max_blocks]
     decode_context_lens: torch.Tensor | None = None  # paged decode: [decodes]
     prefills: list[PrefillSpan] = field(default_factory=list)
@@ -110,23 +123,38 @@ def _decode_inputs(
     device: torch.device,
     paged_decode: bool,
 ) -> None:
-    max_len = max(s.end for s in spans)
-    max_blocks = -(-max_len // block_size)
-    tables = torch.zeros(len(spans), max_blocks, dtype=torch.long)
-    for row, s in enumerate(spans):
-        tables[row, : len(s.block_table[:max_blocks])] = torch.tensor(s.block_table[:max_blocks])
-    ends = torch.tensor([s.end for s in spans]).unsqueeze(1)
     if paged_decode:
+        tables, ends = _tables(spans, block_size)
         meta.decode_block_tables = tables.to(torch.int32).to(device)
         meta.decode_context_lens = ends.squeeze(1).to(torch.int32).to(device)
         return
-    pos = torch.arange(max_len).expand(len(spans), max_len)
-    index = tables.gather(1, pos // block_size) * block_size + pos % block_size
-    meta.decode_kv_index = index.to(device)
-    mask = pos < ends
-    if window is not None:
-        mask &= pos > ends - 1 - window
-    meta.decode_mask = mask[:, None, None, :].to(device)
+    for start, stop in _length_groups([s.end for s in spans]):
+        tables, ends = _tables(spans[start:stop], block_size)
+        pos = torch.arange(tables.shape[1] * block_size).expand(stop - start, -1)
+        mask = pos < ends
+        if window is not None:
+            mask &= pos > ends - 1 - window
+        meta.decode_groups.append(
+            DecodeGroup(start, stop, tables.flatten().to(device), mask[:, None, None, :].to(device))
+        )
+
+
+def _tables(spans: list[SeqSpan], block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Block tables padded to the longest span's blocks with block 0, and each span's end."""
+    max_blocks = -(-max(s.end for s in spans) // block_size)
+    rows = [s.block_table[:max_blocks] for s in spans]
+    tables = torch.tensor([r + [0] * (max_blocks - len(r)) for r in rows], dtype=torch.long)
+    return tables, torch.tensor([s.end for s in spans]).unsqueeze(1)
+
+
+def _length_groups(ends: list[int]) -> list[tuple[int, int]]:
+    """Consecutive runs of rows whose lengths stay within twice the run's first length."""
+    groups, start = [], 0
+    for row in range(1, len(ends) + 1):
+        if row == len(ends) or not ends[start] <= ends[row] <= 2 * ends[start]:
+            groups.append((start, row))
+            start = row
+    return groups
 
 
 def _prefill_span(
@@ -236,11 +264,27 @@ class PagedAttention(torch.nn.Module):
             return self.decode_fn(
                 q, k_cache, v_cache, m.decode_block_tables, m.decode_context_lens, scale=self.scale
             )
-        assert m.decode_kv_index is not None
-        kk = k_cache[m.decode_kv_index].transpose(1, 2)  # [batch, kv_heads, ctx, dim]
-        vv = v_cache[m.decode_kv_index].transpose(1, 2)
+        if len(m.decode_groups) == 1:
+            return self._decode_group(q, k_cache, v_cache, m.decode_groups[0])
+        out = torch.empty_like(q)
+        for g in m.decode_groups:
+            out[g.start : g.stop] = self._decode_group(q[g.start : g.stop], k_cache, v_cache, g)
+        return out
+
+    def _decode_group(
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, g: DecodeGroup
+    ) -> torch.Tensor:
+        batch, _, _, ctx = g.mask.shape  # ctx: whole blocks
+        block_size = ctx * batch // len(g.kv_blocks)
+        kk, vv = (  # [batch, kv_heads, ctx, dim]
+            c.view(-1, block_size, *c.shape[1:])
+            .index_select(0, g.kv_blocks)
+            .view(batch, ctx, *c.shape[1:])
+            .transpose(1, 2)
+            for c in (k_cache, v_cache)
+        )
         o = F.scaled_dot_product_attention(
-            q.unsqueeze(2), kk, vv, attn_mask=m.decode_mask, scale=self.scale, enable_gqa=True
+            q.unsqueeze(2), kk, vv, attn_mask=g.mask, scale=self.scale, enable_gqa=True
         )
         return o.squeeze(2)
 

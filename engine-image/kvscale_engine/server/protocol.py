@@ -24,6 +24,9 @@ class _Strict(BaseModel):
 
 class StreamOptions(_Strict):
     include_usage: bool = False
+    # vLLM's extension (usage in every chunk), which load generators such as GuideLLM send:
+    # accepted so that they run, but usage still comes once, in the last chunk
+    continuous_usage_stats: bool = False
 
 
 class _SamplingFields(_Strict):

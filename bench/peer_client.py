@@ -1,0 +1,144 @@
+"""`python -m bench peer_client`: our load-test client against GuideLLM, on both servers.
+
+`engine_vs_vllm` trusts `kvscale loadtest`'s clock. This checks that clock against a load
+generator nobody here wrote: GuideLLM (vLLM project; pinned in bench/guidellm/VERSION, installed
+into its own venv by bench/guidellm/install.sh). Both clients drive the kvscale engine and then
+vLLM with the same shape of load, one client after the other on the same server: closed loops of
+fixed 128-token prompts and 128 output tokens (`ignore_eos`, greedy). GuideLLM sends text that
+the checkpoint's tokenizer (tokenizer.json, loaded by transformers' AutoTokenizer) makes 128
+tokens long; ours sends 128 token ids. Agreement is judged within 10% on output tok/s, TTFT p50
+and mean ITL.
+
+The metrics are not defined alike, so only comparable ones are compared: GuideLLM's ITL is each
+request's (latency - TTFT) / (tokens - 1), token-weighted, i.e. the mean gap between tokens, so
+it is set beside our mean ITL (not the p50 of raw gaps); its throughput here is completed output
+tokens over the benchmark's duration, like ours. Both clients share the 2 CPUs with the server,
+so each client's own CPU time is recorded beside its numbers.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import resource
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.engine_vs_vllm import THREADS, Load, _run_load
+from bench.serving import EngineProcess, engine_process, vllm_process
+from kvscale.tools.workload import PlannedRequest
+from kvscale_cluster.images import vllm_python
+from kvscale_engine.engine.checkpoint import VLLM_CPU_SIZES, write_tiny_checkpoint
+from kvscale_engine.model_config import NAMED_ARCHS
+
+INSTALL = Path(__file__).parent / "guidellm" / "install.sh"
+FULL: dict[str, Any] = {
+    "arch": "llama-bench-vllm", "sizes": {}, "in_flight": (8, 32), "requests_per_slot": 3,
+    "prompt": 128, "output": 128,
+}  # fmt: skip
+QUICK: dict[str, Any] = {
+    "arch": "llama-tiny", "sizes": VLLM_CPU_SIZES, "in_flight": (2,), "requests_per_slot": 2,
+    "prompt": 32, "output": 16,
+}  # fmt: skip
+AGREE = 0.10
+
+
+def run(quick: bool = False) -> dict[str, Any]:
+    p = QUICK if quick else FULL
+    guidellm = Path(subprocess.run([str(INSTALL)], check=True, capture_output=True, text=True)
+                    .stdout.strip().splitlines()[-1])  # fmt: skip
+    venv = Path(vllm_python("vllm/vllm-openai")).parent.parent
+    arch = NAMED_ARCHS[str(p["arch"])] | p["sizes"]
+    shape = {k: v for k, v in arch.items() if k != "model_type"}
+    args = ["--max-model-len=2048", "--dtype=float32"]
+    results: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        model = write_tiny_checkpoint(Path(tmp) / "model", seed=0, **shape)
+        with engine_process(model, *args, "--no-admission", torch_threads=THREADS) as server:
+            results["kvscale"] = _compare(server, guidellm, model, p, Path(tmp))
+        env = {"VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": str(THREADS)}
+        with vllm_process(venv, model, *args, "--enforce-eager", env=env) as server:
+            results["vllm"] = _compare(server, guidellm, model, p, Path(tmp))
+    checks = {
+        f"{server}/{load}/{metric}": row["within_10pct"]
+        for server, loads in results.items()
+        for load, rows in loads.items()
+        for metric, row in rows["agreement"].items()
+    }
+    return {
+        "agree": all(checks.values()),
+        "checks": checks,
+        "runs": results,
+        "guidellm": (guidellm / ".installed-stamp").read_text().strip(),
+        "workload": {k: v for k, v in p.items() if k not in ("arch", "sizes")},
+        "notes": __doc__.split("\n\n", 2)[2].replace("\n", " ") if __doc__ else "",
+    }
+
+
+def _compare(
+    server: EngineProcess, guidellm: Path, model: Path, p: dict[str, Any], tmp: Path
+) -> dict[str, Any]:
+    rng = random.Random(0)
+    warm = [_request(i, p, rng) for i in range(4)]
+    _run_load(server, Load("warmup", warm, 4))
+    out: dict[str, Any] = {}
+    for n in p["in_flight"]:
+        count = n * int(p["requests_per_slot"])
+        requests = [_request(i, p, rng) for i in range(count)]
+        cpu = time.process_time()
+        ours = _run_load(server, Load(f"closed_{n}", requests, n))
+        ours["client_cpu_s"] = round(time.process_time() - cpu, 2)
+        theirs = _guidellm(server.url, guidellm, model, n, count, p, tmp / f"gl-{n}.json")
+        pairs = {k: (ours[k], theirs[k]) for k in ("output_tok_s", "ttft_p50_ms", "itl_mean_ms")}
+        out[f"closed_{n}"] = {
+            "kvscale_loadtest": ours,
+            "guidellm": theirs,
+            "agreement": {
+                k: {"ratio": round(a / b, 3), "within_10pct": abs(a / b - 1) <= AGREE}
+                for k, (a, b) in pairs.items()
+            },
+        }
+    return out
+
+
+def _request(index: int, p: dict[str, Any], rng: random.Random) -> PlannedRequest:
+    prompt = [rng.randrange(5, 512) for _ in range(int(p["prompt"]))]
+    return PlannedRequest(index, 0.0, prompt, len(prompt), int(p["output"]), None)
+
+
+def _guidellm(
+    url: str, venv: Path, model: Path, n: int, count: int, p: dict[str, Any], out: Path
+) -> dict[str, Any]:
+    spec = {
+        "backend": {"kind": "openai_http", "target": url, "request_format": "/v1/completions",
+                    "model": "bench", "extras": {"body": {"temperature": 0.0}}},
+        "tokenizer": {"kind": "huggingface_auto", "model": str(model)},
+        "profile": {"kind": "concurrent", "streams": n},
+        "data": [{"kind": "synthetic_text", "prompt_tokens": p["prompt"],
+                  "output_tokens": p["output"]}],
+        "constraints": [{"kind": "max_requests", "count": count}],
+        "outputs": [{"kind": "json", "path": str(out)}],
+    }  # fmt: skip
+    scenario = out.with_suffix(".scenario.json")
+    scenario.write_text(json.dumps({"metadata": {"name": "kvscale-peer"}, "spec": spec}))
+    command = [str(venv / "bin" / "guidellm"), "run", "-c", str(scenario), "--disable-console"]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    subprocess.run(command, check=True, capture_output=True, timeout=1800)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    bench = json.loads(out.read_text())["benchmarks"][0]
+    m = bench["metrics"]
+    tokens = m["output_token_count"]["successful"]["total_sum"]
+    return {
+        "completed": m["request_totals"]["successful"],
+        "seconds": round(bench["duration"], 2),
+        "output_tokens": tokens,
+        "output_tok_s": round(tokens / bench["duration"], 1),
+        "ttft_p50_ms": round(m["time_to_first_token_ms"]["successful"]["median"], 2),
+        "ttft_p99_ms": round(m["time_to_first_token_ms"]["successful"]["percentiles"]["p99"], 2),
+        "itl_mean_ms": round(m["inter_token_latency_ms"]["successful"]["mean"], 2),
+        "client_cpu_s": round(cpu, 2),  # its processes' CPU time, start-up included
+    }
