@@ -15,6 +15,7 @@ simulator and the decide benchmark all hold one. The law:
 - goes up at once when the endpoint is in trouble (queue growing, p99 TTFT above
   `TTFT_EVIDENCE` of the SLO while requests wait, KV cache above 0.9, preemptions rising): a
   panic step of up to double the ready replicas per interval, counting replicas already starting;
+  deferred work waiting in or preempted by the engines (by design) is no trouble;
 - goes down slowly: only after fewer replicas would have done for `scaleDownStabilizationSeconds`,
   then one replica per interval, and only while N-1 replicas would carry the window's peak demand
   and the forecast with the headroom and a further margin (the consolidation check that prevents
@@ -273,14 +274,20 @@ def _tick(
 
 
 def _panic(history: Sequence[Snapshot], spec: LLMEndpointSpec, tick: _Tick) -> str | None:
-    """Why the endpoint is in trouble right now, if it is."""
+    """Why the endpoint is in trouble right now, if it is.
+
+    Deferred work never is: released into spare capacity, it waits in the engines behind
+    interactive requests and is preempted by them by design, so the queue and preemption checks
+    read interactive requests only, and a high p99 TTFT counts only while interactive requests
+    wait (or are refused). Only the deadline arithmetic adds replicas for deferred work.
+    """
     snap = history[-1]
     prev = history[-2] if len(history) > 1 and history[-2].ok else None
-    queued = snap.waiting + snap.pending_requests
+    queued = _queued(snap)
     # a request caught between arrival and its first step is noise: a queue counts when every
     # ready replica has one waiting, and it grew since the last interval
     deep = queued >= max(1, tick.ready)
-    if prev is not None and deep and queued > prev.waiting + prev.pending_requests:
+    if prev is not None and deep and queued > _queued(prev):
         return "QueueGrowing"
     ttft = snap.latency.ttft_p99
     if (
@@ -291,9 +298,15 @@ def _panic(history: Sequence[Snapshot], spec: LLMEndpointSpec, tick: _Tick) -> s
         return "TTFTAboveSLO"
     if snap.kv_usage_max > KV_FULL:
         return "KVCacheFull"
-    if prev is not None and snap.preemptions_per_s > max(prev.preemptions_per_s, 0.0):
+    rising = snap.interactive_preemptions_per_s
+    if prev is not None and rising > max(prev.interactive_preemptions_per_s, 0.0):
         return "PreemptionsRising"
     return None
+
+
+def _queued(snap: Snapshot) -> float:
+    """Interactive requests waiting in the engines or held at the routers (from zero)."""
+    return snap.interactive_waiting + snap.pending_requests
 
 
 def _choose(
