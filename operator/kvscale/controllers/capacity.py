@@ -23,9 +23,9 @@ simulator and the decide benchmark all hold one. The law:
 - scales to zero after `scaleToZeroAfterSeconds` of idleness when `minReplicas` is 0, and from
   zero as soon as requests are held for it (the router's pending demand);
 - counts deferrable classes' work at the rate their deadlines require (`deferred`), not as demand
-  now: the replicas' token rates less what they served of deferred work is the interactive demand
-  that is forecast and sized with the headroom; the deferred rate is added on top, so spare
-  capacity carries it first and a replica is added for it only when deadlines require one, and a
+  now (released work waiting in the engines is to be cleared within a reaction time): the replicas' token rates less what they served of deferred work is the interactive demand
+  that is forecast and sized with the headroom; the deferred rate is added on top (with the same
+  headroom: the routers fill only what it leaves), so spare capacity carries it first and a replica is added for it only when deadlines require one, and a
   scale-in waits while N-1 replicas could not carry both;
 - never adds more than one replica beyond those the scheduler could place;
 - holds its last decision when signals are missing, stale or unreachable: it never scales down
@@ -42,7 +42,7 @@ from typing import Any
 
 from kvscale.api.v1alpha1 import LLMEndpointSpec
 from kvscale.controllers.deferred import required_tokens_per_s
-from kvscale.controllers.demand import demand, needed
+from kvscale.controllers.demand import demand, needed, request_tokens
 from kvscale.controllers.forecast import Forecaster
 from kvscale.controllers.replica_capacity import Observation, ReplicaCapacity
 from kvscale.signals.snapshot import Snapshot
@@ -269,8 +269,21 @@ def _tick(
         forecast=state.forecaster.predict(now + horizon) if horizon else now_demand,
         capacity=state.capacity.value(scaling.replica_capacity_tokens_per_second),
         horizon=horizon,
-        deferred=required_tokens_per_s(snap.deferred),
+        deferred=_deferred_rate(snap, interval, spec.model.max_model_len),
     )
+
+
+def _deferred_rate(snap: Snapshot, clear_s: float, max_len: int) -> float:
+    """The rate deferred work needs: the routers' backlog at the rate its deadlines require,
+    plus the released work that waits in the engines (forced out near its deadline, or released
+    into room interactive work took back): its deadlines are not known here, and the routers
+    release work late only when it must start, so it is to be cleared within one interval."""
+    held = sum(b.requests for b in snap.deferred)
+    # a held request's tokens (prompt + max_tokens) say what the released ones cost, better than
+    # the mean over every request (batch prompts are often longer than chat's)
+    per = snap.deferred_tokens / held if held > 0 else request_tokens(snap, max_len)
+    released = snap.deferred_waiting * per / clear_s
+    return required_tokens_per_s(snap.deferred) + released
 
 
 def _panic(history: Sequence[Snapshot], spec: LLMEndpointSpec, tick: _Tick) -> str | None:
@@ -344,11 +357,13 @@ def _choose(
 
 
 def _with_deferred(load: float, tick: _Tick, headroom: float) -> int:
-    """Replicas for interactive `load` with its headroom plus the deferred rate on top: spare
-    capacity carries the deferred work before it asks for a replica of its own."""
+    """Replicas for interactive `load` and the deferred rate, both with the headroom: spare
+    capacity carries the deferred work before it asks for a replica of its own, and the routers
+    fill a replica's spare room only up to what the headroom leaves of it, so the deadlines'
+    rate needs the same margin to be served at that rate."""
     if tick.deferred <= 0:
         return needed(load, tick.capacity, headroom)
-    return math.ceil((load * (1 + headroom) + tick.deferred) / tick.capacity - 1e-9)
+    return math.ceil((load + tick.deferred) * (1 + headroom) / tick.capacity - 1e-9)
 
 
 _PANIC_TEXT = {
@@ -376,7 +391,7 @@ def _maybe_down(
     margin = min(max(SCALE_DOWN_MARGIN, state.forecaster.error or 0.0), MAX_MARGIN)
     room = (n - 1) * tick.capacity * (1 - margin)
     interactive = max(tick.peak, tick.forecast) * (1 + scaling.headroom)
-    if interactive + tick.deferred > room:
+    if interactive + tick.deferred * (1 + scaling.headroom) > room:
         if interactive <= room:
             return n, "DeadlinesHold", f"{n - 1} replicas would miss deferred deadlines ({sizing})"
         return n, "Stable", f"{n} replicas needed ({sizing})"

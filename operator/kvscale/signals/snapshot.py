@@ -154,10 +154,15 @@ class Snapshot:
         return sum(r.waiting for r in self.replicas)
 
     @property
+    def deferred_waiting(self) -> float:
+        """Of `waiting`, deferred work the routers released that waits in the engines."""
+        return sum(min(r.waiting, r.deferred_waiting) for r in self.replicas)
+
+    @property
     def interactive_waiting(self) -> float:
         """Waiting requests less deferred work: released deferred work waits in the engines by
         design (it yields to interactive requests and is preempted by them)."""
-        return sum(max(0.0, r.waiting - r.deferred_waiting) for r in self.replicas)
+        return self.waiting - self.deferred_waiting
 
     @property
     def kv_usage_max(self) -> float:

@@ -181,3 +181,20 @@ def test_deferred_work_waiting_and_preempted_is_no_panic(
     else:
         assert reasons[3] in panic, reasons
         assert law.state.desired is not None and law.state.desired > 2
+
+
+def test_released_work_waiting_in_the_engines_is_due_within_an_interval() -> None:
+    """Deferred work the routers released waits in the engines (forced out near its deadline):
+    it is cleared within one interval at a held request's tokens, and adds a replica only as
+    deadline work (DeadlinesRequire), never as a panic."""
+    endpoint = spec(maxReplicas=20)
+    held = DeferredBacklog("batch", 1, 30.0, ((60.0, 0.0), (float("inf"), 2000.0)))
+    calm = replace(_busy(0, 0.0, 0.0, 0.0, 0.5), deferred=(held,))
+    law = CapacityLaw()
+    for i in range(3):
+        law.decide(replace(calm, taken_at=i * 60.0), endpoint, i * 60.0)
+    # 2 x 10 released requests of 2000 tokens within 60 s: 667 tokens/s beside 1440 of chat
+    waiting = replace(_busy(3, 10.0, 10.0, 0.0, 0.5), deferred=(held,))
+    decision = law.decide(waiting, endpoint, waiting.taken_at)
+    assert decision.deferred_tokens_per_s == pytest.approx(20 * 2000 / 60 + 2000 / 86_400)
+    assert (decision.desired, decision.reason) == (3, "DeadlinesRequire")
