@@ -43,8 +43,9 @@ BURST = REQUESTS * (PROMPT + MAX_TOKENS)  # 10800 tokens
 CAPACITY = 60  # tokens/s per replica, the spec's prior; a budget of 120 tokens at the SLO
 CHAT_RATE = 0.25  # requests/s of ~50 tokens (the engine's count): ~15 tokens/s
 CHAT_TOKENS = 8
-GENEROUS_S = 600  # BURST / 600 = 18 tokens/s: 1.2 x 15 + 18 < CAPACITY
-# due within the 60 s bucket: what is left of BURST / 60 = 180 tokens/s, + 1.2 x 15 > CAPACITY;
+GENEROUS_S = 600  # BURST / 600 = 18 tokens/s: 1.2 x (15 + 18) < CAPACITY
+# due within the 60 s bucket: what is left of BURST / 60 = 180 tokens/s, with the chat's 15 and
+# the headroom, > CAPACITY;
 # the router releases a request regardless once its deadline nears (here after about 27 s)
 TIGHT_S = 45
 INTERVAL = 10

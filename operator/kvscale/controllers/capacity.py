@@ -23,10 +23,12 @@ simulator and the decide benchmark all hold one. The law:
 - scales to zero after `scaleToZeroAfterSeconds` of idleness when `minReplicas` is 0, and from
   zero as soon as requests are held for it (the router's pending demand);
 - counts deferrable classes' work at the rate their deadlines require (`deferred`), not as demand
-  now (released work waiting in the engines is to be cleared within a reaction time): the replicas' token rates less what they served of deferred work is the interactive demand
-  that is forecast and sized with the headroom; the deferred rate is added on top (with the same
-  headroom: the routers fill only what it leaves), so spare capacity carries it first and a replica is added for it only when deadlines require one, and a
-  scale-in waits while N-1 replicas could not carry both;
+  now (released work waiting in the engines is to be cleared within one interval): the
+  replicas' token rates less what they served of deferred work is the interactive demand that
+  is forecast and sized with the headroom; the deferred rate is added on top (with the same
+  headroom: the routers fill only what it leaves), so spare capacity carries it first and a
+  replica is added for it only when deadlines require one, and a scale-in waits while N-1
+  replicas could not carry both;
 - never adds more than one replica beyond those the scheduler could place;
 - holds its last decision when signals are missing, stale or unreachable: it never scales down
   blind.
