@@ -19,6 +19,7 @@ which with the chat's demand and headroom is more than one replica carries.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -129,14 +130,13 @@ def capacity_ticks(api: Kube, namespace: str, seen: set[str]) -> int:
     return len(seen)
 
 
-def test_a_far_deadline_burst_fills_the_valley_without_a_replica(
-    cluster: Cluster,
-    operator: Any,
-    api: Kube,
-    namespace: str,
-    pool: concurrent.futures.ThreadPoolExecutor,
-) -> None:
-    apply(cluster, namespace, deferrable(GENEROUS_S))
+@contextlib.contextmanager
+def quiet_chat(
+    cluster: Cluster, api: Kube, namespace: str, deadline_s: int
+) -> Iterator[tuple[str, Load]]:
+    """The endpoint with a batch class of `deadline_s`, serving the quiet chat on one replica
+    once the law has measured its demand; yields the Service URL and the chat's load."""
+    apply(cluster, namespace, deferrable(deadline_s))
     url = serving(api, namespace, ready=1)
     with Load(url, MODEL, max_tokens=CHAT_TOKENS) as chat:
         chat.set_rate(CHAT_RATE)
@@ -145,6 +145,17 @@ def test_a_far_deadline_burst_fills_the_valley_without_a_replica(
             timeout=120,
             what="a first demand measurement",
         )
+        yield url, chat
+
+
+def test_a_far_deadline_burst_fills_the_valley_without_a_replica(
+    cluster: Cluster,
+    operator: Any,
+    api: Kube,
+    namespace: str,
+    pool: concurrent.futures.ThreadPoolExecutor,
+) -> None:
+    with quiet_chat(cluster, api, namespace, GENEROUS_S) as (url, chat):
         started = time.monotonic()
         futures = burst(pool, url, GENEROUS_S)
         ticks: set[str] = set()
@@ -182,15 +193,7 @@ def test_the_same_burst_with_a_tight_deadline_adds_a_replica(
     namespace: str,
     pool: concurrent.futures.ThreadPoolExecutor,
 ) -> None:
-    apply(cluster, namespace, deferrable(TIGHT_S))
-    url = serving(api, namespace, ready=1)
-    with Load(url, MODEL, max_tokens=CHAT_TOKENS) as chat:
-        chat.set_rate(CHAT_RATE)
-        wait_for(
-            lambda: (status(api, namespace).get("capacity") or {}).get("demandTokensPerSecond"),
-            timeout=120,
-            what="a first demand measurement",
-        )
+    with quiet_chat(cluster, api, namespace, TIGHT_S) as (url, _):
         assert status(api, namespace)["desiredReplicas"] == 1
         futures = burst(pool, url, TIGHT_S)
 
