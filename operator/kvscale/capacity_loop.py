@@ -27,7 +27,7 @@ from kvscale.children.engine_args import DRAIN_SECONDS, ENGINE_PORT
 from kvscale.children.router import ROUTER_PORT
 from kvscale.context import Context
 from kvscale.controllers import feasibility
-from kvscale.controllers.capacity import CapacityLaw, Decision
+from kvscale.controllers.capacity import CapacityLaw, CapacityState, Decision
 from kvscale.kube import KubeError
 from kvscale.reconcile import Event
 from kvscale.signals.snapshot import Snapshot
@@ -91,6 +91,11 @@ class CapacityLoop:
         st = body.get("status") or {}
         held = (st.get("capacity") or {}).get("desired", st.get("desiredReplicas"))
         return int(held) if held is not None else None
+
+    def replica_tokens_per_s(self, spec: api.LLMEndpointSpec) -> float:
+        """A replica's capacity at the SLO: what the law has learned, else the spec's prior."""
+        state = self.law.state if self.law is not None else CapacityState()
+        return state.capacity.value(spec.scaling.replica_capacity_tokens_per_second)
 
     def conditions(self) -> list[Cond]:
         out = [loops.metrics_condition(self.latest)] if self.latest is not None else []

@@ -4,8 +4,9 @@ It feeds `controllers.routing.decide` the replicas' signals (read by the capacit
 at the same cadence; the worker hands them over), which pods are still warming up and which one
 is being drained, then publishes the weights where the router watches them (the
 `<endpoint>-routing` ConfigMap, under its own field manager so the reconcile's apply of the empty
-ConfigMap never erases them) and in `status.routing`. Weights are published only when they
-change.
+ConfigMap never erases them) and in `status.routing`. An endpoint with deferrable classes also
+gets each replica's token budget, from the per-replica capacity the capacity loop has learned.
+Weights and budgets are published only when they change.
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ class RoutingLoop:
         self.namespace = namespace
         self.name = name
         self.state = RoutingState()
-        self.published: dict[str, float] | None = None
+        self.published: tuple[dict[str, float], dict[str, float]] | None = None
 
     async def tick(
         self,
@@ -64,14 +65,21 @@ class RoutingLoop:
         pods: list[JSON],
         draining: Collection[str],
         now: float,
+        replica_tokens_per_s: float | None = None,
     ) -> JSON:
-        """`status.routing` when the weights changed, else nothing."""
+        """`status.routing` when the weights changed, else nothing. `replica_tokens_per_s` is a
+        replica's capacity at the SLO (the capacity law's), for the deferred work's budgets."""
         names = [a.name for a in fleet.addresses(pods, 0)]
-        params = RoutingParams(ttft_slo_s=spec.slo.ttft_p99_seconds)
+        deferrable = any(c.deferrable for c in spec.traffic_classes)
+        params = RoutingParams(
+            ttft_slo_s=spec.slo.ttft_p99_seconds,
+            replica_tokens_per_s=replica_tokens_per_s if deferrable else None,
+        )
         decision = decide(names, snap.replicas, warming(pods, now), draining, self.state, params)
         self.state = decision.state
         self.ctx.metrics.weights((self.namespace, self.name), decision.weights)
-        if decision.weights == self.published:
+        published = (dict(decision.weights), dict(decision.token_budgets))
+        if published == self.published:
             return {}
         configmap = {
             "apiVersion": "v1",
@@ -83,7 +91,7 @@ class RoutingLoop:
             "data": {WEIGHTS_KEY: publication(decision, now)},
         }
         await asyncio.to_thread(self.ctx.kube.apply, configmap, ROUTING_MANAGER)
-        self.published = dict(decision.weights)
+        self.published = published
         return {
             "routing": {
                 "weights": decision.weights,

@@ -93,7 +93,10 @@ class EndpointWorker:
         status = dict(tick.status)
         if tick.read is not None:
             read = tick.read
-            status |= await self.routing.tick(read.spec, read.snap, read.pods, read.draining, now)
+            capacity = self.capacity.replica_tokens_per_s(read.spec)
+            status |= await self.routing.tick(
+                read.spec, read.snap, read.pods, read.draining, now, capacity
+            )
         events = list(tick.events)
         outcome: Outcome | None = None
         due = now >= self._next_reconcile

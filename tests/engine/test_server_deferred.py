@@ -41,8 +41,9 @@ def complete(server: LiveServer, cls: str, prompt: str, max_tokens: int) -> str:
 
 
 def preemptions(server: LiveServer, cls: str) -> float:
-    key = f'kvscale_engine_preemptions_total{{{LABELS},traffic_class="{cls}"}}'
-    return server.metrics()[key]
+    deferrable = "true" if cls == "batch" else "false"
+    labels = f'deferrable="{deferrable}",{LABELS},traffic_class="{cls}"'
+    return server.metrics()[f"kvscale_engine_preemptions_total{{{labels}}}"]
 
 
 def test_an_interactive_arrival_preempts_deferred_work_and_outputs_stay_greedy(

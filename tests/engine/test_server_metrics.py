@@ -45,6 +45,7 @@ EXPECTED: dict[str, tuple[str, list[float] | None]] = {
     "kvscale_engine_admission_queue_depth": ("gauge", None),
     "kvscale_engine_admission_in_flight": ("gauge", None),
     "kvscale_engine_preemptions": ("counter", None),
+    "kvscale_engine_requests_waiting": ("gauge", None),
 }
 
 
@@ -114,6 +115,7 @@ def test_values_follow_the_requests(families: dict[str, Metric]) -> None:
         assert value("kvscale_engine_admission_rejections", "_total", reason="queue_full",
                      traffic_class=cls) == 0  # fmt: skip
         assert value("kvscale_engine_preemptions", "_total", traffic_class=cls) == 0
+        assert value("kvscale_engine_requests_waiting", traffic_class=cls, deferrable="false") == 0
     assert (
         value("kvscale_engine_admission_queue_wait_seconds", "_count", traffic_class="interactive")
         == 3

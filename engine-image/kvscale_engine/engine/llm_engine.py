@@ -8,6 +8,7 @@ half-way.
 from __future__ import annotations
 
 import time
+from collections import Counter
 from pathlib import Path
 
 from kvscale_engine.config import EngineConfig
@@ -90,6 +91,7 @@ class LLMEngine:
             num_free_blocks=bm.num_free_blocks,
             num_preemptions=self.scheduler.num_preemptions,
             preemptions_by_class=dict(self.scheduler.preemptions_by_class),
+            waiting_by_class=dict(Counter(s.traffic_class for s in self.scheduler.waiting)),
             prefix_cache_queries=bm.prefix_cache_queries,
             prefix_cache_hits=bm.prefix_cache_hits,
             prompt_tokens=self.prompt_tokens,

@@ -38,6 +38,7 @@ class EngineStats:
     kv_allocated_slots: int
     kv_used_slots: int
     preemptions_by_class: Mapping[str, int] = field(default_factory=dict)  # by victim class
+    waiting_by_class: Mapping[str, int] = field(default_factory=dict)  # sequences waiting
 
     @property
     def kv_cache_usage(self) -> float:

@@ -62,7 +62,11 @@ def create_app(engine: EngineSource, config: ServerConfig) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         metrics = EngineMetrics(
-            config.served_model_name, config.max_model_len, config.class_names, config.engine_label
+            config.served_model_name,
+            config.max_model_len,
+            config.class_names,
+            config.engine_label,
+            deferrable=[c.name for c in config.traffic_classes if c.deferrable],
         )
         state = ServerState(config, metrics)
         app.state.server = state

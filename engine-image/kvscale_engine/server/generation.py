@@ -75,7 +75,8 @@ class Generation:
         if out.new_token_ids:
             if track.first_token_at is None:
                 track.first_token_at = now
-                metrics.observe_first_token(now - self.admitted.arrival)
+                cls = self.admitted.traffic_class.name
+                metrics.observe_first_token(now - self.admitted.arrival, cls)
             elif track.last_token_at is not None:
                 metrics.observe_inter_token(now - track.last_token_at)
             track.last_token_at = now

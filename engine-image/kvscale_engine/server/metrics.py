@@ -2,7 +2,10 @@
 
 Names, types, labels (`model_name`, `engine`) and histogram buckets follow vLLM's V1 metrics, so
 dashboards, KEDA recipes, routers and the kvscale operator read a kvscale engine and a vLLM
-engine alike. kvscale's own series (KV blocks, admission) carry a `kvscale_engine_` prefix.
+engine alike. kvscale's own series (KV blocks, admission) carry a `kvscale_engine_` prefix. The
+per-class time to first token, waiting requests and preemptions say whether the class is
+deferrable, so the operator can tell deferred work waiting, preempted or started late (by design)
+from an endpoint in trouble without knowing the classes.
 """
 
 from __future__ import annotations
@@ -74,6 +77,7 @@ class StatsSnapshot:
     prompt_tokens: int
     generation_tokens: int
     preemptions_by_class: Mapping[str, int] = field(default_factory=dict)  # by the victim's
+    waiting_by_class: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -94,9 +98,11 @@ class EngineMetrics:
         max_model_len: int,
         traffic_classes: Iterable[str],
         engine: str = "0",
+        deferrable: Iterable[str] = (),
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self._labels = (model_name, engine)
+        self._deferrable = frozenset(deferrable)
         self._last: StatsSnapshot | None = None
         tokens = build_1_2_5_buckets(max_model_len)
         gauge, counter, histogram = self._gauge, self._counter, self._histogram
@@ -182,7 +188,19 @@ class EngineMetrics:
             PREFIX + "preemptions",
             "Preemptions by the victim's traffic class (deferred work preempted by interactive "
             "arrivals, or any class when KV blocks run out); vllm:num_preemptions is their sum.",
-            "traffic_class",
+            "traffic_class", "deferrable",
+        )  # fmt: skip
+        self.class_ttft = histogram(
+            PREFIX + "time_to_first_token_seconds",
+            "Time to first token by traffic class (a deferred request's counts from its release "
+            "by the router); vllm:time_to_first_token_seconds is their sum.",
+            TTFT_BUCKETS, "traffic_class", "deferrable",
+        )  # fmt: skip
+        self.class_waiting = gauge(
+            PREFIX + "requests_waiting",
+            "Requests waiting in the scheduler by traffic class (deferred work preempted or "
+            "yielding to interactive requests included); vllm:num_requests_waiting is their sum.",
+            "traffic_class", "deferrable",
         )  # fmt: skip
         self.build_info = Gauge(
             PREFIX + "build_info", "1, labelled with the engine's version.",
@@ -218,7 +236,9 @@ class EngineMetrics:
             self.queue_wait.labels(*self._labels, name)
             self.admission_queued.labels(*self._labels, name)
             self.admission_in_flight.labels(*self._labels, name)
-            self.class_preemptions.labels(*self._labels, name)
+            self.class_preemptions.labels(*self._class(name))
+            self.class_waiting.labels(*self._class(name))
+            self.class_ttft.labels(*self._class(name))
             for reason in ADMISSION_REASONS:
                 self.admission_rejections.labels(*self._labels, reason, name)
 
@@ -254,11 +274,19 @@ class EngineMetrics:
         for name, count in stats.preemptions_by_class.items():
             delta = count - (last.preemptions_by_class.get(name, 0) if last else 0)
             if delta > 0:
-                self.class_preemptions.labels(*lab, name or "default").inc(delta)
+                self.class_preemptions.labels(*self._class(name)).inc(delta)
+        for name in {*stats.waiting_by_class, *(last.waiting_by_class if last else ())}:
+            self.class_waiting.labels(*self._class(name)).set(stats.waiting_by_class.get(name, 0))
         self._last = stats
 
-    def observe_first_token(self, ttft_s: float) -> None:
+    def _class(self, name: str) -> tuple[str, ...]:
+        """The labels of a per-class series: model, engine, class, whether it is deferrable."""
+        deferrable = "true" if name in self._deferrable else "false"
+        return (*self._labels, name or "default", deferrable)
+
+    def observe_first_token(self, ttft_s: float, traffic_class: str = "default") -> None:
         self.ttft.labels(*self._labels).observe(ttft_s)
+        self.class_ttft.labels(*self._class(traffic_class)).observe(ttft_s)
 
     def observe_inter_token(self, itl_s: float) -> None:
         self.itl.labels(*self._labels).observe(itl_s)

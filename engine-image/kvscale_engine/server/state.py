@@ -228,6 +228,7 @@ class ServerState:
                 kv_cache_usage=stats.kv_cache_usage,
                 num_preemptions=stats.num_preemptions,
                 preemptions_by_class=stats.preemptions_by_class,
+                waiting_by_class=stats.waiting_by_class,
                 prefix_cache_queries=stats.prefix_cache_queries,
                 prefix_cache_hits=stats.prefix_cache_hits,
                 prompt_tokens=stats.prompt_tokens,

@@ -15,6 +15,7 @@ simulator and the decide benchmark all hold one. The law:
 - goes up at once when the endpoint is in trouble (queue growing, p99 TTFT above
   `TTFT_EVIDENCE` of the SLO while requests wait, KV cache above 0.9, preemptions rising): a
   panic step of up to double the ready replicas per interval, counting replicas already starting;
+  deferred work waiting in or preempted by the engines (by design) is no trouble;
 - goes down slowly: only after fewer replicas would have done for `scaleDownStabilizationSeconds`,
   then one replica per interval, and only while N-1 replicas would carry the window's peak demand
   and the forecast with the headroom and a further margin (the consolidation check that prevents
@@ -22,10 +23,12 @@ simulator and the decide benchmark all hold one. The law:
 - scales to zero after `scaleToZeroAfterSeconds` of idleness when `minReplicas` is 0, and from
   zero as soon as requests are held for it (the router's pending demand);
 - counts deferrable classes' work at the rate their deadlines require (`deferred`), not as demand
-  now: the replicas' token rates less what they served of deferred work is the interactive demand
-  that is forecast and sized with the headroom; the deferred rate is added on top, so spare
-  capacity carries it first and a replica is added for it only when deadlines require one, and a
-  scale-in waits while N-1 replicas could not carry both;
+  now (released work waiting in the engines is to be cleared within one interval): the
+  replicas' token rates less what they served of deferred work is the interactive demand that
+  is forecast and sized with the headroom; the deferred rate is added on top (with the same
+  headroom: the routers fill only what it leaves), so spare capacity carries it first and a
+  replica is added for it only when deadlines require one, and a scale-in waits while N-1
+  replicas could not carry both;
 - never adds more than one replica beyond those the scheduler could place;
 - holds its last decision when signals are missing, stale or unreachable: it never scales down
   blind.
@@ -41,7 +44,7 @@ from typing import Any
 
 from kvscale.api.v1alpha1 import LLMEndpointSpec
 from kvscale.controllers.deferred import required_tokens_per_s
-from kvscale.controllers.demand import demand, needed
+from kvscale.controllers.demand import demand, needed, request_tokens
 from kvscale.controllers.forecast import Forecaster
 from kvscale.controllers.replica_capacity import Observation, ReplicaCapacity
 from kvscale.signals.snapshot import Snapshot
@@ -268,19 +271,38 @@ def _tick(
         forecast=state.forecaster.predict(now + horizon) if horizon else now_demand,
         capacity=state.capacity.value(scaling.replica_capacity_tokens_per_second),
         horizon=horizon,
-        deferred=required_tokens_per_s(snap.deferred),
+        deferred=_deferred_rate(snap, interval, spec.model.max_model_len),
     )
 
 
+def _deferred_rate(snap: Snapshot, clear_s: float, max_len: int) -> float:
+    """The rate deferred work needs: the routers' backlog at the rate its deadlines require,
+    plus the released work that waits in the engines (forced out near its deadline, or released
+    into room interactive work took back): its deadlines are not known here, and the routers
+    release work late only when it must start, so it is to be cleared within one interval."""
+    held = sum(b.requests for b in snap.deferred)
+    # a held request's tokens (prompt + max_tokens) say what the released ones cost, better than
+    # the mean over every request (batch prompts are often longer than chat's)
+    per = snap.deferred_tokens / held if held > 0 else request_tokens(snap, max_len)
+    released = snap.deferred_waiting * per / clear_s
+    return required_tokens_per_s(snap.deferred) + released
+
+
 def _panic(history: Sequence[Snapshot], spec: LLMEndpointSpec, tick: _Tick) -> str | None:
-    """Why the endpoint is in trouble right now, if it is."""
+    """Why the endpoint is in trouble right now, if it is.
+
+    Deferred work never is: released into spare capacity, it waits in the engines behind
+    interactive requests and is preempted by them by design, so the queue and preemption checks
+    read interactive requests only, and a high p99 TTFT counts only while interactive requests
+    wait (or are refused). Only the deadline arithmetic adds replicas for deferred work.
+    """
     snap = history[-1]
     prev = history[-2] if len(history) > 1 and history[-2].ok else None
-    queued = snap.waiting + snap.pending_requests
+    queued = _queued(snap)
     # a request caught between arrival and its first step is noise: a queue counts when every
     # ready replica has one waiting, and it grew since the last interval
     deep = queued >= max(1, tick.ready)
-    if prev is not None and deep and queued > prev.waiting + prev.pending_requests:
+    if prev is not None and deep and queued > _queued(prev):
         return "QueueGrowing"
     ttft = snap.latency.ttft_p99
     if (
@@ -291,9 +313,15 @@ def _panic(history: Sequence[Snapshot], spec: LLMEndpointSpec, tick: _Tick) -> s
         return "TTFTAboveSLO"
     if snap.kv_usage_max > KV_FULL:
         return "KVCacheFull"
-    if prev is not None and snap.preemptions_per_s > max(prev.preemptions_per_s, 0.0):
+    rising = snap.interactive_preemptions_per_s
+    if prev is not None and rising > max(prev.interactive_preemptions_per_s, 0.0):
         return "PreemptionsRising"
     return None
+
+
+def _queued(snap: Snapshot) -> float:
+    """Interactive requests waiting in the engines or held at the routers (from zero)."""
+    return snap.interactive_waiting + snap.pending_requests
 
 
 def _choose(
@@ -331,11 +359,13 @@ def _choose(
 
 
 def _with_deferred(load: float, tick: _Tick, headroom: float) -> int:
-    """Replicas for interactive `load` with its headroom plus the deferred rate on top: spare
-    capacity carries the deferred work before it asks for a replica of its own."""
+    """Replicas for interactive `load` and the deferred rate, both with the headroom: spare
+    capacity carries the deferred work before it asks for a replica of its own, and the routers
+    fill a replica's spare room only up to what the headroom leaves of it, so the deadlines'
+    rate needs the same margin to be served at that rate."""
     if tick.deferred <= 0:
         return needed(load, tick.capacity, headroom)
-    return math.ceil((load * (1 + headroom) + tick.deferred) / tick.capacity - 1e-9)
+    return math.ceil((load + tick.deferred) * (1 + headroom) / tick.capacity - 1e-9)
 
 
 _PANIC_TEXT = {
@@ -363,7 +393,7 @@ def _maybe_down(
     margin = min(max(SCALE_DOWN_MARGIN, state.forecaster.error or 0.0), MAX_MARGIN)
     room = (n - 1) * tick.capacity * (1 - margin)
     interactive = max(tick.peak, tick.forecast) * (1 + scaling.headroom)
-    if interactive + tick.deferred > room:
+    if interactive + tick.deferred * (1 + scaling.headroom) > room:
         if interactive <= room:
             return n, "DeadlinesHold", f"{n - 1} replicas would miss deferred deadlines ({sizing})"
         return n, "Stable", f"{n} replicas needed ({sizing})"

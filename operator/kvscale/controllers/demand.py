@@ -2,7 +2,9 @@
 
 Served tokens understate demand while requests queue and overstate it while a backlog drains;
 arrivals are what was served plus what joined the queue, and the queue still waiting is a backlog
-to clear. Pure functions, shared by the capacity law and its tests.
+to clear. Deferred work waiting in the engines is neither: released into spare capacity, it
+waits behind interactive requests by design, and the capacity law counts it by its deadlines.
+Pure functions, shared by the capacity law and its tests.
 """
 
 from __future__ import annotations
@@ -35,10 +37,10 @@ def demand(
     still queued is to be cleared within `clear_s` (default: one interval).
     """
     per_request = request_tokens(snap, max_len)
-    queued = snap.waiting + snap.pending_requests
+    queued = snap.interactive_waiting + snap.pending_requests
     growth = 0.0
     if prev is not None and prev.ok and snap.taken_at > prev.taken_at:
-        before = prev.waiting + prev.pending_requests
+        before = prev.interactive_waiting + prev.pending_requests
         growth = (queued - before) / (snap.taken_at - prev.taken_at)
     arrivals = max(0.0, snap.tokens_per_s + growth * per_request)
     backlog = queued * per_request / (clear_s or interval_s)

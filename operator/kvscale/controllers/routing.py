@@ -8,6 +8,15 @@ Pure: the caller fetches signals and the pod sets, calls `decide`, publishes the
 keeps `decision.state` for the next tick. Weights are relative (replicas loaded like their peers
 get 1) and smoothed asymmetrically: they fall fast, so a hot replica sheds load within one tick,
 and rise slowly through a dead band, so flat noisy load does not make them oscillate.
+
+For an endpoint with deferrable classes the law also publishes each replica's token budget: the
+outstanding tokens (prompt + requested output, as the router counts them) it may carry at the
+SLO, which the router's deferred queue fills with spare work. A replica at its capacity c
+(tokens/s, as the capacity law learned it, else the spec's prior) works off c x T tokens within
+the TTFT target T; work beyond that would keep an interactive arrival that waits behind it past
+its target, so c x T is what it may hold, scaled by its weight (a loaded replica holds less, a
+draining or warming one none). The budget follows the endpoint: a faster model, a looser SLO or a
+larger learned capacity let more deferred work in, where the router's fixed default does not.
 """
 
 from __future__ import annotations
@@ -49,6 +58,8 @@ class RoutingParams:
     dead_band: float = 0.05  # changes smaller than this are not published
     floor: float = 0.05  # a loaded but serving replica keeps at least this weight
     hot_below: float = 0.5  # weights under this are called hot in the reason
+    # a replica's capacity at the SLO (tokens/s): with `ttft_slo_s`, sets its token budget
+    replica_tokens_per_s: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("fall", "rise"):
@@ -82,12 +93,28 @@ class RoutingDecision:
     message: str  # a sentence
     state: RoutingState
     targets: dict[str, float]  # unsmoothed, for status and debugging
+    token_budgets: dict[str, float] = field(default_factory=dict)  # none: not published
 
 
 def publication(decision: RoutingDecision, now: float) -> str:
     """`weights.json` of the `<endpoint>-routing` ConfigMap, the format the router reads."""
-    body = {"weights": decision.weights, "updatedAt": stamp(now), "reason": decision.reason}
+    body: dict[str, Any] = {
+        "weights": decision.weights,
+        "updatedAt": stamp(now),
+        "reason": decision.reason,
+    }
+    if decision.token_budgets:
+        body["tokenBudgets"] = decision.token_budgets
     return json.dumps(body, sort_keys=True, separators=(",", ":"))
+
+
+def token_budgets(weights: Mapping[str, float], params: RoutingParams) -> dict[str, float]:
+    """Per pod, the outstanding tokens it may carry at the SLO: weight x capacity x TTFT target
+    (see the module docstring); none without a capacity and a TTFT target."""
+    if not params.replica_tokens_per_s or not params.ttft_slo_s:
+        return {}
+    at_slo = params.replica_tokens_per_s * params.ttft_slo_s
+    return {pod: float(round(w * at_slo)) for pod, w in weights.items()}
 
 
 def pressure(r: ReplicaSignals, peers_ttft: float | None, params: RoutingParams) -> float:
@@ -155,7 +182,8 @@ def decide(
         else:
             weights[pod] = state.weights.get(pod) or 1.0
     reason, message = _explain(weights, set(draining), set(warming), measured, params)
-    return RoutingDecision(weights, reason, message, RoutingState(weights), goal)
+    budgets = token_budgets(weights, params)
+    return RoutingDecision(weights, reason, message, RoutingState(weights), goal, budgets)
 
 
 def _explain(

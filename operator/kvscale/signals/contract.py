@@ -24,6 +24,7 @@ class CounterKey(StrEnum):
     PREFIX_QUERIES = "prefix_queries"
     PREFIX_HITS = "prefix_hits"
     REFUSALS = "refusals"
+    DEFERRED_PREEMPTIONS = "deferred_preemptions"  # of PREEMPTIONS, those of deferred work
 
 
 class GaugeKey(StrEnum):
@@ -32,6 +33,7 @@ class GaugeKey(StrEnum):
     KV_USAGE = "kv_usage"
     PREFIX_HIT_RATE = "prefix_hit_rate"  # vLLM V0 only: its own hit rate, no counters
     PENDING = "pending"  # the router's held requests while no replica is ready
+    DEFERRED_WAITING = "deferred_waiting"  # of WAITING, the deferrable classes' requests
 
 
 class HistogramKey(StrEnum):
@@ -74,6 +76,11 @@ COUNTERS: dict[CounterKey, Spelling] = {
         ("kvscale_engine_admission_rejections", "vllm:admission_rejections"),
         (("reason", "draining"),),
     ),
+    # kvscale's engine only: deferred work preempted by interactive arrivals is by design, not
+    # an endpoint in trouble; an engine without the series reads none
+    CounterKey.DEFERRED_PREEMPTIONS: Spelling(
+        ("kvscale_engine_preemptions",), (("deferrable", "false"),)
+    ),
 }
 
 GAUGES: dict[GaugeKey, Spelling] = {
@@ -94,11 +101,23 @@ GAUGES: dict[GaugeKey, Spelling] = {
     # not SGLang's cache_hit_rate: that is the last prefill batch's, and decode steps zero it
     GaugeKey.PREFIX_HIT_RATE: Spelling(("vllm:gpu_prefix_cache_hit_rate",), combine="mean"),
     GaugeKey.PENDING: Spelling(("kvscale_router_pending_requests",)),
+    # kvscale's engine only: released deferred work that yields to interactive requests waits
+    # in the engine by design
+    GaugeKey.DEFERRED_WAITING: Spelling(
+        ("kvscale_engine_requests_waiting",), (("deferrable", "false"),)
+    ),
 }
 
 HISTOGRAMS: dict[HistogramKey, Spelling] = {
+    # kvscale's engine splits it by class: deferred work starts late by design (it yields to
+    # interactive requests), so the laws read the interactive classes' time to first token
     HistogramKey.TTFT: Spelling(
-        ("vllm:time_to_first_token_seconds", "sglang:time_to_first_token_seconds")
+        (
+            "kvscale_engine_time_to_first_token_seconds",
+            "vllm:time_to_first_token_seconds",
+            "sglang:time_to_first_token_seconds",
+        ),
+        (("deferrable", "true"),),
     ),
     # not vLLM 0.32's request_time_per_output_token_seconds: one mean per request, not per token
     HistogramKey.ITL: Spelling(
@@ -159,8 +178,10 @@ def engine_of(family: str) -> str | None:
 
 
 def spelt_for(spelling: Spelling, engine: str | None) -> str:
-    """The family to name when `spelling` is absent from an engine's /metrics: its own newest."""
-    return next((n for n in spelling.names if engine_of(n) == engine), spelling.names[0])
+    """The family to name when `spelling` is absent from an engine's /metrics: its own newest,
+    else vLLM's (the contract's reference names), else the first."""
+    named = [n for n in spelling.names if engine_of(n) is not None]
+    return next((n for n in named if engine_of(n) == engine), (named or spelling.names)[0])
 
 
 def bucket_at_or_above(target_s: float, buckets: tuple[float, ...]) -> str:

@@ -39,6 +39,7 @@ from kvscale.signals.contract import (
     HistogramKey,
     Spelling,
     counter_sample_names,
+    spelt_for,
 )
 from kvscale.signals.snapshot import DeferredBacklog, Latency, Problem, ReplicaSignals, Snapshot
 from kvscale.signals.source import SignalSource, Target, Trouble, judged, replicas_named
@@ -203,7 +204,11 @@ def _replicas(
     required: list[CounterKey | GaugeKey] = [*REQUIRED_COUNTERS, *REQUIRED_GAUGES]
     lacking = {
         p.name: [_family(k) for k in required if p.name not in got[k]]
-        + [HISTOGRAMS[h].names[0] for h in REQUIRED_HISTOGRAMS if p.name not in got[(h, 0.5, True)]]
+        + [
+            spelt_for(HISTOGRAMS[h], "vllm")
+            for h in REQUIRED_HISTOGRAMS
+            if p.name not in got[(h, 0.5, True)]
+        ]
         for p in target.pods
         if p.name not in down and p.name not in unknown
     }
@@ -249,6 +254,8 @@ def _signals(pod: str, got: dict[object, PerPod], now: float) -> ReplicaSignals:
         ),
         prefix_hit_rate=hit_rate,
         sample_age_s=max(0.0, now - newest) if newest is not None else 0.0,
+        deferred_waiting=got[GaugeKey.DEFERRED_WAITING].get(pod, 0.0),
+        deferred_preemptions_per_s=rate(CounterKey.DEFERRED_PREEMPTIONS),
     )
 
 

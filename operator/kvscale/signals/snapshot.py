@@ -48,6 +48,8 @@ class ReplicaSignals:
     prefix_hit_rate: float | None = None  # hits / queries, in tokens
     sample_age_s: float = 0.0  # age of this replica's newest sample
     created_at: float | None = None  # the pod's creationTimestamp (unix seconds), for victims
+    deferred_waiting: float = 0.0  # of `waiting`, deferred work (yielding to interactive work)
+    deferred_preemptions_per_s: float = 0.0  # of `preemptions_per_s`, deferred work's
 
     @property
     def tokens_per_s(self) -> float:
@@ -152,6 +154,17 @@ class Snapshot:
         return sum(r.waiting for r in self.replicas)
 
     @property
+    def deferred_waiting(self) -> float:
+        """Of `waiting`, deferred work the routers released that waits in the engines."""
+        return sum(min(r.waiting, r.deferred_waiting) for r in self.replicas)
+
+    @property
+    def interactive_waiting(self) -> float:
+        """Waiting requests less deferred work: released deferred work waits in the engines by
+        design (it yields to interactive requests and is preempted by them)."""
+        return self.waiting - self.deferred_waiting
+
+    @property
     def kv_usage_max(self) -> float:
         return max((r.kv_usage for r in self.replicas), default=0.0)
 
@@ -162,6 +175,13 @@ class Snapshot:
     @property
     def preemptions_per_s(self) -> float:
         return sum(r.preemptions_per_s for r in self.replicas)
+
+    @property
+    def interactive_preemptions_per_s(self) -> float:
+        """Preemptions less those of deferred work by interactive arrivals (by design)."""
+        return sum(
+            max(0.0, r.preemptions_per_s - r.deferred_preemptions_per_s) for r in self.replicas
+        )
 
     @property
     def refusals_per_s(self) -> float:

@@ -139,6 +139,8 @@ class ReplicaWindow:
             latency=latency(self.histograms),
             prefix_hit_rate=self.prefix_hit_rate,
             sample_age_s=self.age_s,
+            deferred_waiting=self.gauges.get(GaugeKey.DEFERRED_WAITING, 0.0),
+            deferred_preemptions_per_s=self.rate(CounterKey.DEFERRED_PREEMPTIONS),
         )
 
 

@@ -15,7 +15,9 @@ cost per request, and the order of tokens inside a step.
 Deferrable requests (mixed workloads, sim/deferral.py) carry a deadline and may run at the lowest
 priority: waiting low-priority requests are admitted and prefilled after every interactive one of
 their replica, and being the newest they are the first preempted when the KV cache overflows.
-Each request has its own queue-wait limit (a deferrable class's is its deadline).
+Each request has its own queue-wait limit (a deferrable class's is its deadline). The replicas'
+signals split as the kvscale engine's do: the time-to-first-token histogram holds interactive
+requests only, and the waiting requests and preemptions of deferred work are counted apart.
 """
 
 from __future__ import annotations
@@ -42,8 +44,9 @@ ITL_BUCKETS = np.array([
     2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
 ])  # fmt: skip
 COUNTERS = ("prompt_tokens", "generation_tokens", "successes", "refusals", "preemptions")
-# deferred requests' prompt + generated tokens, and of those the ones released into spare capacity
-DEFERRED_COUNTERS = ("deferred_tokens", "valley_tokens")
+# deferred requests' prompt + generated tokens, and of those the ones released into spare capacity;
+# preemptions of deferred work (the engine's kvscale_engine_preemptions{deferrable="true"})
+DEFERRED_COUNTERS = ("deferred_tokens", "valley_tokens", "deferred_preemptions")
 
 
 @dataclass(frozen=True)
@@ -232,6 +235,7 @@ class Engines:
             victims = newest[: int(np.searchsorted(freed, over)) + 1]
             self.running[victims] = False  # recompute: prefill prompt + generated again
             self.counters["preemptions"][slot] += len(victims)
+            self.counters["deferred_preemptions"][slot] += int(self.low[victims].sum())
 
     def _run(
         self, t0: float, dt: float, t1: float, refused_at: F, refused_deadline: F
@@ -293,7 +297,10 @@ class Engines:
             )
             self._count_deferred(new_first[fresh], prompts[fresh])
             first_deferred = np.isfinite(self.deadline[new_first][fresh])
-            self._hist(self.ttft_hist, TTFT_BUCKETS, nr[fresh], ttft, None)
+            # the engine's kvscale_engine_time_to_first_token_seconds{deferrable="false"}, which
+            # the operator reads: deferred work at the lowest priority starts late by design
+            shown = ~self.low[new_first][fresh]
+            self._hist(self.ttft_hist, TTFT_BUCKETS, nr[fresh][shown], ttft[shown], None)
 
         # decode: one token per step per decoding sequence; the prefill step yields the first
         dec = r_idx[decoding]
@@ -362,14 +369,16 @@ class Engines:
             self.rep[rows[valley]], tokens[valley], minlength=n
         )
 
-    def gauges(self) -> tuple[F, F, F]:
-        """Per slot: running, waiting, KV-cache usage (0..1), as the engine exports them."""
+    def gauges(self) -> tuple[F, F, F, F]:
+        """Per slot: running, waiting, KV-cache usage (0..1) and, of the waiting, deferred work
+        at the lowest priority, as the engine exports them."""
         run, n = self.running, self.slots
         placed = self.rep >= 0
         running = np.bincount(self.rep[run], minlength=n).astype(float)
         waiting = np.bincount(self.rep[placed & ~run], minlength=n).astype(float)
+        deferred = np.bincount(self.rep[placed & ~run & self.low], minlength=n).astype(float)
         kv = np.bincount(self.rep[run], self.inp[run] + self.gen[run], minlength=n)
-        return running, waiting, np.minimum(kv / self.limits.kv_tokens, 1.0)
+        return running, waiting, np.minimum(kv / self.limits.kv_tokens, 1.0), deferred
 
     def _hist(self, hist: F, buckets: F, slots: IntA, values: F, weights: F | None) -> None:
         if len(values) == 0:

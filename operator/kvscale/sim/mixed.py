@@ -72,6 +72,7 @@ class MixedScenario:
     batch_share: float = 0.25
     ttft_slo_s: float = 2.0
     settings: Settings = field(default_factory=lambda: Settings(dt_s=2.0))
+    jobs: tuple[tuple[str, float, float], ...] = JOBS  # (class, submitted at s of day, deadline)
 
 
 class Job:
@@ -148,7 +149,7 @@ def compare_mixed(s: MixedScenario) -> dict[str, Any]:
     cap = orc.calibrate(s.profile, limits_for(draft, s.profile), targets_for(draft), conv)
     spec = derive_spec(scenario, both, MAX_REPLICAS, cap.tokens_per_s)
     classes = [{"name": "chat", "priority": 10}] + [
-        {"name": name, "deadlineSeconds": deadline} for name, _, deadline in JOBS
+        {"name": name, "deadlineSeconds": deadline} for name, _, deadline in s.jobs
     ]
     mixed = _with(spec, trafficClasses=classes)
     batch_pool = _with(
@@ -164,7 +165,7 @@ def compare_mixed(s: MixedScenario) -> dict[str, Any]:
         started = time.perf_counter()
         jobs = [
             Job(name, start, deadline, _scaled(code, job_scale, s.settings.seed + i))
-            for i, (name, start, deadline) in enumerate(JOBS)
+            for i, (name, start, deadline) in enumerate(s.jobs)
         ]
         pools = _run(setup, s, mixed, batch_pool, cap.tokens_per_s, interactive, jobs)
         results[setup] = _summary(pools, mixed) | {
@@ -182,7 +183,7 @@ def compare_mixed(s: MixedScenario) -> dict[str, Any]:
                     "deadline_s": deadline,
                     "class": name,
                 }
-                for name, start, deadline in JOBS
+                for name, start, deadline in s.jobs
             ],
             "batch_share_of_tokens": s.batch_share,
             "hours": s.hours,
@@ -296,7 +297,7 @@ def _job_scale(s: MixedScenario, interactive: Workload, code: TraceWorkload) -> 
     """Copies of the code trace per job so batch tokens are `batch_share` of all tokens."""
     chat = sum(float(b.input.sum() + b.output.sum()) for b in interactive.chunks())
     runs = sum(
-        1 for _, start, _ in JOBS for day in range(math.ceil(s.hours / 24))
+        1 for _, start, _ in s.jobs for day in range(math.ceil(s.hours / 24))
         if day * DAY_S + start + code.duration_s <= s.hours * 3600
     )  # fmt: skip
     per_copy = float(code.shapes.input.sum() + code.shapes.output.sum())

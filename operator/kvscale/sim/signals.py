@@ -22,12 +22,14 @@ from kvscale.sim.engine import COUNTERS, DEFERRED_COUNTERS, ITL_BUCKETS, TTFT_BU
 
 @dataclass(frozen=True)
 class PodSample:
-    counters: F  # prompt, generation, successes, refusals, preemptions, deferred, valley
+    counters: F  # prompt, generation, successes, refusals, preemptions, deferred, valley,
+    # deferred preemptions
     ttft: F
     itl: F
     running: float
     waiting: float
     kv_usage: float
+    deferred_waiting: float
     created_at: float
     ready_at: float
 
@@ -50,7 +52,7 @@ class Scraper:
             return
         self._next = t + self.interval_s
         e = ep.engines
-        running, waiting, kv_usage = e.gauges()
+        running, waiting, kv_usage, deferred_waiting = e.gauges()
         names = (*COUNTERS, *DEFERRED_COUNTERS)
         pods = {
             r.pod: PodSample(
@@ -60,6 +62,7 @@ class Scraper:
                 float(running[r.slot]),
                 float(waiting[r.slot]),
                 float(kv_usage[r.slot]),
+                float(deferred_waiting[r.slot]),
                 r.created_at,
                 r.ready_at,
             )
@@ -108,6 +111,8 @@ class Scraper:
                     latency=_latency(d_ttft, d_itl),
                     sample_age_s=t - newest.t,
                     created_at=now.created_at,
+                    deferred_waiting=now.deferred_waiting,
+                    deferred_preemptions_per_s=float(rate[7]),
                 )
             )
         self.deferred_rates = (float(deferred[0]), float(deferred[1]))

@@ -3,6 +3,10 @@
 Every policy gets the same workload, the same endpoint spec, the same engine profile and the same
 seed; the report says per policy what the GPUs cost and what users saw (see kvscale.sim.report),
 as JSON (and a table on stdout), with PNG plots next to it.
+
+`--mixed` runs issue 21's mixed workload instead (kvscale.sim.mixed, as `python -m
+bench.capacity_sim --mixed` does): ServeGen chat plus daily deferrable batch jobs of Azure code
+requests (4 h and 1 h deadlines), served with deferral, all as interactive, and as two pools.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import yaml
 
 from kvscale.api.v1alpha1 import LLMEndpointSpec
 from kvscale.sim.compare import POLICIES, Scenario, compare
+from kvscale.sim.mixed import DAY_S, JOBS, MixedScenario, compare_mixed
 from kvscale.sim.profile import ProfileError, load_profile, shipped
 from kvscale.sim.run import Settings
 from kvscale.tools import tool_parser
@@ -30,9 +35,27 @@ def add_simulate_parser(sub: Any) -> None:
     p = tool_parser(sub, "simulate", summary, __doc__)
     p.add_argument(
         "--trace",
-        required=True,
         help="azure-conv, azure-code, mooncake, servegen-m-large, or a file (Azure CSV, "
-        "Mooncake JSONL, ServeGen 10-minute aggregate CSV)",
+        "Mooncake JSONL, ServeGen 10-minute aggregate CSV); required without --mixed",
+    )
+    p.add_argument(
+        "--mixed",
+        action="store_true",
+        help="the mixed workload (ServeGen chat + daily Azure-code batch jobs with deadlines) "
+        "served with deferral, all as interactive, and as two pools; defaults as the "
+        "capacity_sim bench: 24 h, --rate-scale 0.1, --dt 2",
+    )
+    p.add_argument(
+        "--batch-share",
+        type=float,
+        default=0.25,
+        help="--mixed: the batch jobs' share of all tokens (default 0.25)",
+    )
+    p.add_argument(
+        "--batch-at",
+        default=",".join(f"{start / 3600:g}" for _, start, _ in JOBS),
+        help="--mixed: hours of the day the 4 h and the 1 h batch job are submitted "
+        "(default %(default)s)",
     )
     p.add_argument(
         "--traces-dir",
@@ -57,8 +80,8 @@ def add_simulate_parser(sub: Any) -> None:
     p.add_argument(
         "--rate-scale",
         type=float,
-        default=1.0,
-        help="multiply the request rate (copies or thins requests)",
+        default=None,
+        help="multiply the request rate (copies or thins requests); default 1 (0.1 --mixed)",
     )
     p.add_argument(
         "--profile",
@@ -97,7 +120,12 @@ def add_simulate_parser(sub: Any) -> None:
         "the SLO in >= 99%% of the tuning window's minutes (the first quarter, or ServeGen's day "
         "1) and judge it on the rest (kvscale keeps its defaults)",
     )
-    p.add_argument("--dt", type=float, default=1.0, help="simulation step, s (divides 600)")
+    p.add_argument(
+        "--dt",
+        type=float,
+        default=None,
+        help="simulation step, s (divides 600); default 1 (2 --mixed)",
+    )
     p.add_argument("--scrape-interval", type=float, default=15.0, help="metrics scrape, s")
     p.add_argument(
         "--scrape-delay",
@@ -123,25 +151,57 @@ def scenario_from(args: argparse.Namespace) -> Scenario:
     unknown = [n for n in names if n not in POLICIES]
     if unknown or not names:
         raise ValueError(f"unknown policies {unknown}; choose from {', '.join(POLICIES)}")
-    if args.dt <= 0 or 600 % args.dt:
-        raise ValueError("--dt must be positive and divide 600 s")
+    if not args.trace:
+        raise ValueError("--trace is required (or --mixed)")
+    dt = _dt(args, 1.0)
     return Scenario(
         trace=args.trace,
         traces_dir=args.traces_dir or default_traces_dir(),
         profile=load_profile(args.profile),
         hours=args.hours,
         time_scale=args.time_scale,
-        rate_scale=args.rate_scale,
+        rate_scale=args.rate_scale if args.rate_scale is not None else 1.0,
         length_trace=args.length_trace,
         ttft_slo_s=args.ttft_slo,
         itl_slo_s=args.itl_slo,
         gpu_hour_price=args.gpu_hour_price,
         prior=not args.no_prior,
         spec=read_spec(args.spec) if args.spec else None,
-        settings=Settings(args.dt, args.scrape_interval, args.scrape_delay, args.seed),
+        settings=Settings(dt, args.scrape_interval, args.scrape_delay, args.seed),
         policies=names,
         tune=args.tune,
     )
+
+
+def mixed_scenario_from(args: argparse.Namespace) -> MixedScenario:
+    """The mixed comparison's scenario, with the capacity_sim bench's settings by default."""
+    try:
+        starts = [float(h) * 3600 for h in args.batch_at.split(",")]
+    except ValueError as exc:
+        raise ValueError(f"--batch-at takes hours of the day: {exc}") from exc
+    if len(starts) != len(JOBS) or not all(0 <= t < DAY_S for t in starts):
+        raise ValueError(f"--batch-at takes {len(JOBS)} hours of the day in [0, 24)")
+    if not 0 < args.batch_share < 1:
+        raise ValueError("--batch-share must be within (0, 1)")
+    return MixedScenario(
+        traces_dir=args.traces_dir or default_traces_dir(),
+        profile=load_profile(args.profile),
+        hours=args.hours if args.hours is not None else 24.0,
+        rate_scale=args.rate_scale if args.rate_scale is not None else 0.1,
+        batch_share=args.batch_share,
+        ttft_slo_s=args.ttft_slo,
+        settings=Settings(_dt(args, 2.0), args.scrape_interval, args.scrape_delay, args.seed),
+        jobs=tuple(
+            (name, start, deadline) for (name, _, deadline), start in zip(JOBS, starts, strict=True)
+        ),
+    )
+
+
+def _dt(args: argparse.Namespace, default: float) -> float:
+    dt = float(args.dt) if args.dt is not None else default
+    if dt <= 0 or 600 % dt:
+        raise ValueError("--dt must be positive and divide 600 s")
+    return dt
 
 
 def read_spec(path: Path) -> LLMEndpointSpec:
@@ -160,6 +220,8 @@ def run_simulate(args: argparse.Namespace) -> int:
     from kvscale.sim.plots import write_plots
     from kvscale.sim.report import summarise
 
+    if args.mixed:
+        return run_mixed(args)
     try:
         scenario = scenario_from(args)
         result = compare(scenario, jobs=args.jobs, progress=not args.quiet)
@@ -174,6 +236,44 @@ def run_simulate(args: argparse.Namespace) -> int:
     print(table(report))
     print(f"wrote {path}" + "".join(f", {p}" for p in plots))
     return 0
+
+
+def run_mixed(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
+    try:
+        report = compare_mixed(mixed_scenario_from(args))
+    except (TraceError, ProfileError, ValueError, ValidationError) as exc:
+        print(f"kvscale simulate: {exc}", file=sys.stderr)
+        return 2
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    path = args.out_dir / "simulate.json"
+    path.write_text(json.dumps({"mixed": report}, indent=2) + "\n")
+    print(mixed_table(report))
+    print(f"wrote {path}")
+    return 0
+
+
+def mixed_table(report: dict[str, Any]) -> str:
+    """One line per setup, then the issue's targets with the measured values."""
+    work = report["workload"]
+    share = work["batch_share_of_tokens"]
+    lines = [
+        f"mixed: {work['hours']} h, {work['interactive']}, batch {share:.0%} of tokens, "
+        f"{report['replica_capacity_tokens_per_s']:.0f} tokens/s per replica"
+    ]
+    lines.append(f"{'setup':>16}  {'GPU-h':>8}  {'SLO min':>7}  {'met':>8}  {'missed':>6}  reasons")
+    for name, r in report["setups"].items():
+        reasons = " | ".join(
+            ", ".join(f"{k} {v}" for k, v in sorted(pool.items())) for pool in r["reasons"]
+        )
+        lines.append(
+            f"{name:>16}  {r['gpu_hours']:8.2f}  {r['interactive_slo_minutes_fraction']:7.4f}  "
+            f"{r['deferred_met']:8d}  {r['deferred_missed']:6d}  {reasons}"
+        )
+    for name, t in report["targets"].items():
+        lines.append(f"  {name}: {t['value']} ({t['target']}: {'met' if t['met'] else 'NOT met'})")
+    return "\n".join(lines)
 
 
 def table(report: dict[str, Any]) -> str:

@@ -16,7 +16,7 @@ from capacity_plant import Plant, spec
 
 from kvscale.controllers.capacity import CapacityLaw, Decision
 from kvscale.controllers.deferred import required_tokens_per_s
-from kvscale.signals.snapshot import DeferredBacklog
+from kvscale.signals.snapshot import DeferredBacklog, Fleet, Latency, ReplicaSignals, Snapshot
 
 # the routers' buckets (kvscale_router_deferred_queue_tokens{due_within=...})
 DUE_WITHIN = (60.0, 300.0, 600.0, 900.0, 1800.0, 3600.0, 7200.0, 14400.0, 28800.0, 86400.0)
@@ -126,3 +126,75 @@ def test_scale_in_waits_while_the_deferred_backlog_needs_the_replica() -> None:
     assert counts(decisions)[-1] == 1
     after = counts(decisions)[held[-1] :]
     assert all(a - b <= 1 for a, b in itertools.pairwise(after))
+
+
+def _busy(
+    i: int, waiting: float, deferred_waiting: float, preempted: float, ttft: float
+) -> Snapshot:
+    """Two replicas at 600 tokens/s each; `waiting` requests per replica, `deferred_waiting` of
+    them deferred; `preempted` preemptions/s per replica, all of deferred work; the interactive
+    classes' p99 TTFT (the engines' histogram leaves deferred work out)."""
+    reps = tuple(
+        ReplicaSignals(
+            pod=f"p{j}",
+            prompt_tokens_per_s=500.0,
+            generation_tokens_per_s=100.0,
+            running=4,
+            waiting=waiting,
+            kv_usage=0.5,
+            preemptions_per_s=preempted,
+            successes_per_s=1.0,
+            created_at=0.0,
+            deferred_waiting=deferred_waiting,
+            deferred_preemptions_per_s=preempted,
+        )
+        for j in range(2)
+    )
+    return Snapshot(
+        taken_at=i * 60.0,
+        window_s=60.0,
+        replicas=reps,
+        latency=Latency(ttft_p99=ttft, itl_p99=0.05),
+        fleet=Fleet(current=2, ready=2, startup_seconds=60.0),
+    )
+
+
+@pytest.mark.parametrize(
+    ("interactive", "ttft", "panic"),
+    [(0.0, 0.5, None), (1.0, 0.5, {"QueueGrowing"}), (1.0, 5.0, {"QueueGrowing", "TTFTAboveSLO"})],
+    ids=["deferred-only", "interactive-queue", "interactive-slow"],
+)
+def test_deferred_work_waiting_and_preempted_is_no_panic(
+    interactive: float, ttft: float, panic: set[str] | None
+) -> None:
+    """Released deferred work waits behind interactive requests and is preempted by them: by
+    design, so the law holds its replicas; the same queue of interactive requests is trouble."""
+    endpoint = spec(maxReplicas=20)
+    history = [_busy(i, 0.0, 0.0, 0.0, 0.5) for i in range(3)]
+    history += [_busy(3 + i, interactive * (i + 1) + 2.0 * (i + 1), 2.0 * (i + 1), i + 1.0, ttft)
+                for i in range(3)]  # fmt: skip
+    law = CapacityLaw()
+    reasons = [law.decide(s, endpoint, s.taken_at).reason for s in history]
+    if panic is None:
+        assert set(reasons) <= {"Stable", "StabilizingDown"}, reasons
+        assert law.state.desired == 2
+    else:
+        assert reasons[3] in panic, reasons
+        assert law.state.desired is not None and law.state.desired > 2
+
+
+def test_released_work_waiting_in_the_engines_is_due_within_an_interval() -> None:
+    """Deferred work the routers released waits in the engines (forced out near its deadline):
+    it is cleared within one interval at a held request's tokens, and adds a replica only as
+    deadline work (DeadlinesRequire), never as a panic."""
+    endpoint = spec(maxReplicas=20)
+    held = DeferredBacklog("batch", 1, 30.0, ((60.0, 0.0), (float("inf"), 2000.0)))
+    calm = replace(_busy(0, 0.0, 0.0, 0.0, 0.5), deferred=(held,))
+    law = CapacityLaw()
+    for i in range(3):
+        law.decide(replace(calm, taken_at=i * 60.0), endpoint, i * 60.0)
+    # 2 x 10 released requests of 2000 tokens within 60 s: 667 tokens/s beside 1440 of chat
+    waiting = replace(_busy(3, 10.0, 10.0, 0.0, 0.5), deferred=(held,))
+    decision = law.decide(waiting, endpoint, waiting.taken_at)
+    assert decision.deferred_tokens_per_s == pytest.approx(20 * 2000 / 60 + 2000 / 86_400)
+    assert (decision.desired, decision.reason) == (3, "DeadlinesRequire")

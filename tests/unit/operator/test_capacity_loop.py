@@ -291,3 +291,23 @@ async def test_the_routing_loop_publishes_what_publication_writes(kube: FakeKube
     assert configmap["data"] == {routing.WEIGHTS_KEY: routing.publication(expected, 1e9)}
     assert json.loads(configmap["data"][routing.WEIGHTS_KEY])["weights"]["p-2"] == 0.0
     assert status["routing"]["weights"] == expected.weights
+
+
+async def test_the_routing_loop_publishes_token_budgets_for_deferrable_classes(
+    kube: FakeKube,
+) -> None:
+    classes = [{"name": "chat"}, {"name": "batch", "deadlineSeconds": 3600}]
+    body = spec_body(scaling={"routingIntervalSeconds": 5}, trafficClasses=classes)
+    spec = LLMEndpointSpec.model_validate(body)
+    pods = [pod(n, ip) for n, ip in PODS.items()]
+    snap = Snapshot(taken_at=1e9, window_s=15.0)
+    routing_loop = RoutingLoop(context(kube), "ns", "chat")
+    await routing_loop.tick(spec, snap, pods, {"p-2"}, 1e9, 400.0)
+    first = json.loads(kube.applied[-1][0]["data"][routing.WEIGHTS_KEY])
+    per = 400.0 * spec.slo.ttft_p99_seconds
+    assert first["tokenBudgets"] == {p: 0.0 if p == "p-2" else per for p in PODS}
+    # the same weights with a newly learned capacity: published again
+    assert await routing_loop.tick(spec, snap, pods, {"p-2"}, 1e9 + 5, 400.0) == {}
+    await routing_loop.tick(spec, snap, pods, {"p-2"}, 1e9 + 10, 800.0)
+    again = json.loads(kube.applied[-1][0]["data"][routing.WEIGHTS_KEY])
+    assert again["weights"] == first["weights"] and again["tokenBudgets"]["p-0"] == 2 * per

@@ -198,3 +198,16 @@ def test_publication_is_the_configmap_format_the_router_reads() -> None:
         "updatedAt": "1970-01-01T00:00:00Z",
         "reason": routing.DRAINING,
     }
+
+
+def test_token_budgets_follow_the_capacity_the_slo_and_the_weight() -> None:
+    params = RoutingParams(ttft_slo_s=1.5, replica_tokens_per_s=4000.0)
+    calm = [idle(p) for p in PODS]
+    d = decide(("a", "b", "c", "d"), calm, (), {"d"}, RoutingState(), params)
+    assert d.token_budgets == {"a": 6000.0, "b": 6000.0, "c": 6000.0, "d": 0.0}
+    d = decide(("a", "b", "c", "d"), [*calm[:2], hot("c")], (), {"d"}, d.state, params)
+    assert d.token_budgets["c"] == round(d.weights["c"] * 6000.0) < 3000.0
+    assert json.loads(routing.publication(d, 0.0))["tokenBudgets"] == d.token_budgets
+    # without a capacity (an endpoint without deferrable classes) none is published
+    d = decide(("a",), calm[:1], (), (), RoutingState(), RoutingParams(ttft_slo_s=1.5))
+    assert d.token_budgets == {} and "tokenBudgets" not in json.loads(routing.publication(d, 0))

@@ -95,3 +95,15 @@ def test_operator_and_router_agree_on_the_key_and_the_port() -> None:
 
     assert routing.WEIGHTS_KEY == weights.WEIGHTS_KEY
     assert ROUTER_PORT == cli.ROUTER_PORT
+
+
+def test_the_router_reads_the_token_budgets_the_operator_publishes() -> None:
+    """A replica's budget is its weight x its capacity at the SLO x the TTFT target: 500
+    tokens/s within 2 s is 1000 outstanding tokens; a warming replica gets none."""
+    from kvscale.controllers import routing
+
+    params = routing.RoutingParams(ttft_slo_s=2.0, replica_tokens_per_s=500.0)
+    decision = routing.decide(("p-0", "p-1"), [], ("p-1",), (), routing.RoutingState(), params)
+    published = from_configmap({"weights.json": routing.publication(decision, 1e9)})
+    assert published is not None
+    assert published.token_budgets == {"p-0": 1000.0, "p-1": 0.0}

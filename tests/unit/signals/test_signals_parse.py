@@ -10,6 +10,7 @@ from kvscale.signals.contract import CounterKey, GaugeKey, HistogramKey
 from kvscale.signals.exposition import parse_exposition
 from kvscale.signals.raw import parse_replica
 from kvscale.signals.window import histogram_quantile
+from kvscale_engine.server.metrics import EngineMetrics, StatsSnapshot
 
 FIXTURES = Path(__file__).parents[2] / "data" / "metrics"
 
@@ -221,3 +222,44 @@ def test_exposition_keeps_labels_sorted_and_unescaped() -> None:
     (point,) = samples["x_total"]
     assert point.labels == (("a", 'q"uote'), ("b", "2"))
     assert point.label("b") == "2" and point.label("c") is None
+
+
+def test_deferred_work_is_read_apart_from_the_interactive_classes() -> None:
+    """The engine's per-class series say which class is deferrable: the laws read the
+    interactive classes' time to first token, and deferred work's waiting and preemptions apart
+    from the totals (the vLLM-compatible totals keep every class)."""
+    metrics = EngineMetrics("tiny-llama", 512, ["chat", "batch"], deferrable=["batch"])
+    metrics.set_baseline(StatsSnapshot(0, 0, 256, 256, 0.0, 0, 0, 0, 0, 0))
+    metrics.observe_stats(
+        StatsSnapshot(
+            num_running=2, num_waiting=5, num_total_blocks=256, num_free_blocks=128,
+            kv_cache_usage=0.5, num_preemptions=4, prefix_cache_queries=0, prefix_cache_hits=0,
+            prompt_tokens=100, generation_tokens=50, preemptions_by_class={"batch": 3, "chat": 1},
+            waiting_by_class={"batch": 4, "chat": 1},
+        )
+    )  # fmt: skip
+    for _ in range(9):
+        metrics.observe_first_token(0.05, "chat")
+    metrics.observe_first_token(30.0, "batch")
+    raw = parse_replica(metrics.render().decode(), 0.0)
+    assert raw.missing() == ()
+    assert (raw.gauges[GaugeKey.WAITING], raw.gauges[GaugeKey.DEFERRED_WAITING]) == (5, 4)
+    assert (
+        raw.counters[CounterKey.PREEMPTIONS],
+        raw.counters[CounterKey.DEFERRED_PREEMPTIONS],
+    ) == (
+        4,
+        3,
+    )
+    ttft = raw.histograms[HistogramKey.TTFT]
+    assert ttft.total == 9 and histogram_quantile(0.99, ttft) <= 0.06
+    # the engine's own total still counts every class
+    total = 'vllm:time_to_first_token_seconds_count{engine="0",model_name="tiny-llama"} 10.0'
+    assert total in metrics.render().decode().splitlines()
+
+
+def test_an_engine_without_the_split_reads_no_deferred_work() -> None:
+    raw = parse_replica(fixture("vllm_v0_10.txt"), 0.0)
+    assert GaugeKey.DEFERRED_WAITING not in raw.gauges
+    assert CounterKey.DEFERRED_PREEMPTIONS not in raw.counters
+    assert raw.histograms[HistogramKey.TTFT].total == 100

@@ -20,7 +20,7 @@ def run(engines: Engines, steps: int, arrivals: int, **shape: int) -> dict[str, 
         seen["refused"] += len(out.refused_at)
         seen["first"] += len(out.ttft)
         seen["ttft"] = max(seen["ttft"], float(out.ttft.max(initial=0.0)))
-        running, _, kv = engines.gauges()
+        running, _, kv, _ = engines.gauges()
         assert running[0] <= engines.limits.max_num_seqs
         assert kv[0] <= 1.0
     return seen
@@ -56,7 +56,7 @@ def test_batch_limit_keeps_the_rest_waiting_first_come_first_served() -> None:
     e = Engines(profile(), limits(seqs=4), 1)
     e.add(batch(10, 0.0, inp=100, out=1000), np.zeros(10, dtype=np.int64))
     e.step(0.0, 1.0)
-    running, waiting, _ = e.gauges()
+    running, waiting, _, _ = e.gauges()
     assert (running[0], waiting[0]) == (4, 6)
     assert sorted(e.seq[e.running].tolist()) == [0, 1, 2, 3]
 
@@ -65,7 +65,7 @@ def test_a_prompt_queue_beyond_one_step_of_prefill_waits() -> None:
     e = Engines(profile(), limits(seqs=256), 1)
     e.add(batch(100, 0.0, inp=2000, out=10), np.zeros(100, dtype=np.int64))
     e.step(0.0, 1.0)
-    _, waiting, _ = e.gauges()
+    _, waiting, _, _ = e.gauges()
     # 10k prefill tokens/s: about 5 of the 2,000-token prompts start in a second
     assert 85 <= waiting[0] <= 96
 
@@ -89,7 +89,7 @@ def test_kv_overflow_preempts_the_newest() -> None:
     for k in range(30):
         e.step(float(k), 1.0)
     assert e.counters["preemptions"][0] >= 1
-    _, _, kv = e.gauges()
+    _, _, kv, _ = e.gauges()
     assert kv[0] <= 1.0
 
 

@@ -66,3 +66,35 @@ def test_bad_input_is_refused_with_a_reason(
     spec.write_text("spec:\n  model: {name: m}\n")
     assert main([*argv, "--spec", str(spec)]) == 2
     assert "source" in capsys.readouterr().err
+
+
+def test_mixed_compares_the_three_setups_on_a_short_slice(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`kvscale simulate --mixed` runs the capacity_sim bench's mixed comparison; the batch jobs
+    are moved into the quarter hour simulated."""
+    code = main(
+        ["simulate", "--mixed", "--traces-dir", str(TRACES), "--hours", "0.25", "--dt", "5",
+         "--batch-at", "0.02,0.05", "--quiet", "--out-dir", str(tmp_path)]
+    )  # fmt: skip
+    assert code == 0
+    report = json.loads((tmp_path / "simulate.json").read_text())["mixed"]
+    assert [j["submitted_at_h"] for j in report["workload"]["batch"]] == [0.02, 0.05]
+    setups = report["setups"]
+    assert list(setups) == ["deferral", "all_interactive", "two_pools"]
+    served = {s["batch_tokens_served"] for s in setups.values()}
+    assert min(served) > 0
+    assert setups["deferral"]["valley_tokens_served"] > 0
+    assert setups["all_interactive"]["valley_tokens_served"] == 0
+    assert len(setups["two_pools"]["peak_replicas"]) == 2
+    assert set(report["targets"]) == {
+        "gpu_hours_saving_vs_all_interactive", "interactive_slo_minutes_fraction",
+        "missed_deadlines", "gpu_hours_vs_two_pools",
+    }  # fmt: skip
+    out = capsys.readouterr().out
+    assert out.startswith("mixed: 0.25 h") and "all_interactive" in out
+    argv = ["simulate", "--mixed", "--traces-dir", str(TRACES), "--quiet"]
+    assert main([*argv, "--batch-at", "9"]) == 2
+    assert "--batch-at" in capsys.readouterr().err
+    assert main(["simulate", "--traces-dir", str(TRACES), "--quiet"]) == 2
+    assert "--trace is required" in capsys.readouterr().err
