@@ -100,6 +100,12 @@ def _printer_columns() -> list[JSON]:
             "jsonPath": ".status.slo.attainment",
         },
         {
+            "name": "Image",
+            "type": "string",
+            "priority": 1,
+            "jsonPath": ".status.images.engine",
+        },
+        {
             "name": "Reason",
             "type": "string",
             "priority": 1,

@@ -13,8 +13,8 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
-from kvscale import __version__
 from kvscale.api import rules
+from kvscale.api.images import ENGINE_IMAGE, VLLM_IMAGE, DefaultImages
 
 GROUP = "kvscale.io"
 VERSION = "v1alpha1"
@@ -26,9 +26,6 @@ SHORT_NAMES = ("llme",)
 DNS_LABEL = rules.DNS_LABEL
 ENDPOINT_RULES = rules.ENDPOINT_RULES  # on the whole object: metadata.name
 
-
-ENGINE_IMAGE = f"kvscale/engine:{__version__}"  # `make image` builds this tag
-VLLM_IMAGE = "vllm/vllm-openai:v0.32.0"  # the release e2e/vllm/VERSION pins for the local cluster
 GPU_TYPE_MESSAGE = "resources.gpuType needs resources.gpusPerReplica of at least 1"
 
 
@@ -161,7 +158,9 @@ class EngineSpec(_Model):
                 min_length=1,
                 max_length=512,
                 description=(
-                    f"Engine image (default: {ENGINE_IMAGE} for kind kvscale, "
+                    "Engine image, pinned; unset, the endpoint follows the operator's default "
+                    "for its kind (an operator upgrade or a changed default rolls it) "
+                    f"(this version's defaults: {ENGINE_IMAGE} for kind kvscale, "
                     f"{VLLM_IMAGE} for kind vllm)."
                 ),
                 json_schema_extra=_validations(
@@ -223,12 +222,11 @@ class EngineSpec(_Model):
         Field(max_length=64, description="Appended to the engine's arguments."),
     ] = []
 
-    @property
-    def container_image(self) -> str:
-        """The image replicas run: `image`, else the engine kind's own."""
+    def container_image(self, defaults: DefaultImages) -> str:
+        """The image replicas run: the pinned `image`, else the operator's default for the kind."""
         if self.image is not None:
             return self.image
-        return VLLM_IMAGE if self.kind == "vllm" else ENGINE_IMAGE
+        return defaults.for_kind(self.kind)
 
 
 # --- spec.resources -----------------------------------------------------------------------

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvscale.api import v1alpha1 as api
+from kvscale.api.images import DEFAULTS, DefaultImages
 from kvscale.children.engine_args import (
     DRAIN_SECONDS,
     ENDPOINTS,
@@ -148,12 +149,12 @@ def probe(path: str, period: int, failures: int) -> JSON:
     }
 
 
-def _engine_container(spec: api.LLMEndpointSpec) -> JSON:
+def _engine_container(spec: api.LLMEndpointSpec, images: DefaultImages) -> JSON:
     _, mounts = _model_volume(spec)
     paths = ENDPOINTS[spec.engine.kind]
     container: JSON = {
         "name": "engine",
-        "image": spec.engine.container_image,
+        "image": spec.engine.container_image(images),
         "args": engine_args(spec),
         "ports": [{"name": "http", "containerPort": ENGINE_PORT, "protocol": "TCP"}],
         "env": engine_env(spec),
@@ -174,10 +175,17 @@ def _engine_container(spec: api.LLMEndpointSpec) -> JSON:
     return container
 
 
-def engine_deployment(owner: Owner, spec: api.LLMEndpointSpec, replicas: int) -> JSON:
+def engine_deployment(
+    owner: Owner,
+    spec: api.LLMEndpointSpec,
+    replicas: int,
+    images: DefaultImages = DEFAULTS,
+) -> JSON:
+    """The engine Deployment: a rolling update (one surge pod, none unavailable, gated on
+    readiness) rolls the replicas whenever the template changes, a new default image included."""
     volumes, _ = _model_volume(spec)
     pod_spec: JSON = {
-        "containers": [_engine_container(spec)],
+        "containers": [_engine_container(spec, images)],
         "terminationGracePeriodSeconds": GRACE_SECONDS,
         "securityContext": {
             "runAsNonRoot": True,
@@ -239,10 +247,16 @@ def engine_pdb(owner: Owner) -> JSON:
     }
 
 
-def render(owner: Owner, spec: api.LLMEndpointSpec, replicas: int) -> list[JSON]:
-    """Every child of the endpoint, in the order they are applied."""
+def render(
+    owner: Owner,
+    spec: api.LLMEndpointSpec,
+    replicas: int,
+    images: DefaultImages = DEFAULTS,
+) -> list[JSON]:
+    """Every child of the endpoint, in the order they are applied; `images` are the operator's
+    defaults for an endpoint that pins none."""
     return [
         engine_service(owner),
         engine_pdb(owner),
-        engine_deployment(owner, spec, replicas),
+        engine_deployment(owner, spec, replicas, images),
     ]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 
 from kvscale.api import v1alpha1 as api
+from kvscale.api.images import DEFAULTS, DefaultImages
 from kvscale.children.engine import (
     JSON,
     Owner,
@@ -49,10 +50,10 @@ def router_replicas(spec: api.LLMEndpointSpec) -> int:
     return 2 if max(most, spec.scaling.max_replicas) >= 2 else 1
 
 
-def router_image(spec: api.LLMEndpointSpec) -> str:
+def router_image(spec: api.LLMEndpointSpec, images: DefaultImages) -> str:
     """The image the router runs from: kvscale's engine image holds the router too (another
-    command), so the engine's own image for a kvscale engine, else the one of this version."""
-    return spec.engine.container_image if spec.engine.kind == "kvscale" else api.ENGINE_IMAGE
+    command), so the engine's own image for a kvscale engine, else the operator's default one."""
+    return spec.engine.container_image(images) if spec.engine.kind == "kvscale" else images.engine
 
 
 def router_args(owner: Owner, spec: api.LLMEndpointSpec) -> list[str]:
@@ -106,10 +107,10 @@ def role_binding(owner: Owner) -> JSON:
     }
 
 
-def _container(owner: Owner, spec: api.LLMEndpointSpec) -> JSON:
+def _container(owner: Owner, spec: api.LLMEndpointSpec, images: DefaultImages) -> JSON:
     return {
         "name": ROLE,
-        "image": router_image(spec),
+        "image": router_image(spec, images),
         "command": [ROUTER_COMMAND],
         "args": router_args(owner, spec),
         "ports": [{"name": "http", "containerPort": ROUTER_PORT, "protocol": "TCP"}],
@@ -125,7 +126,9 @@ def _container(owner: Owner, spec: api.LLMEndpointSpec) -> JSON:
     }
 
 
-def router_deployment(owner: Owner, spec: api.LLMEndpointSpec) -> JSON:
+def router_deployment(
+    owner: Owner, spec: api.LLMEndpointSpec, images: DefaultImages = DEFAULTS
+) -> JSON:
     match = selector_labels(owner.name, ROLE)
     spread = {
         "weight": 100,
@@ -157,7 +160,7 @@ def router_deployment(owner: Owner, spec: api.LLMEndpointSpec) -> JSON:
                 "spec": {
                     "serviceAccountName": router_name(owner.name),
                     "automountServiceAccountToken": True,  # it watches the API
-                    "containers": [_container(owner, spec)],
+                    "containers": [_container(owner, spec, images)],
                     "terminationGracePeriodSeconds": ROUTER_DRAIN_SECONDS + 5,
                     "affinity": {
                         "podAntiAffinity": {
@@ -188,7 +191,9 @@ def routing_configmap(owner: Owner) -> JSON:
     }
 
 
-def render_router(owner: Owner, spec: api.LLMEndpointSpec) -> list[JSON]:
+def render_router(
+    owner: Owner, spec: api.LLMEndpointSpec, images: DefaultImages = DEFAULTS
+) -> list[JSON]:
     """Every router child, in the order they are applied (RBAC before the pods that use it)."""
     return [
         service_account(owner),
@@ -196,5 +201,5 @@ def render_router(owner: Owner, spec: api.LLMEndpointSpec) -> list[JSON]:
         role_binding(owner),
         routing_configmap(owner),
         router_service(owner),
-        router_deployment(owner, spec),
+        router_deployment(owner, spec, images),
     ]

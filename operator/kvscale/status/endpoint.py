@@ -146,10 +146,14 @@ def compute(
     old: JSON,
     now: str,
     extra: list[Cond] | None = None,
+    images: JSON | None = None,
 ) -> JSON:
-    """The status fields the reconcile owns; `extra` are conditions the loops concluded."""
+    """The status fields the reconcile owns; `extra` are conditions the loops concluded,
+    `images` what the endpoint's Deployments run (`status.images`)."""
     conds = [*conditions(desired, seen, problems), *(extra or [])]
+    images_field = {"images": images} if images else {}
     return {
+        **images_field,
         "observedGeneration": generation,
         "replicas": seen.replicas,
         "readyReplicas": seen.ready,
