@@ -51,8 +51,10 @@ def test_a_new_default_rolls_unpinned_endpoints_and_not_pinned_ones(
     monkeypatch.setenv(ENGINE_ENV, NEW)
     with run_operator(cluster) as runner:
         wait_for(
-            lambda: images(deployment(api, namespace, "follow")) == NEW
-            and images(router(api, namespace, "follow")) == NEW,
+            lambda: (
+                images(deployment(api, namespace, "follow")) == NEW
+                and images(router(api, namespace, "follow")) == NEW
+            ),
             timeout=60,
             what="follow's engine and router Deployments on the new default image",
         )
