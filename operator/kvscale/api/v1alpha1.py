@@ -10,11 +10,13 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
-from pydantic.alias_generators import to_camel
+from pydantic import AfterValidator, ConfigDict, Field, model_validator
 
 from kvscale.api import rules
+from kvscale.api.base import Model, rules_of, validations
 from kvscale.api.images import ENGINE_IMAGE, VLLM_IMAGE, DefaultImages
+from kvscale.api.pod_template import DESCRIPTION as POD_TEMPLATE_DESCRIPTION
+from kvscale.api.pod_template import PodTemplate
 
 GROUP = "kvscale.io"
 VERSION = "v1alpha1"
@@ -29,22 +31,6 @@ ENDPOINT_RULES = rules.ENDPOINT_RULES  # on the whole object: metadata.name
 GPU_TYPE_MESSAGE = "resources.gpuType needs resources.gpusPerReplica of at least 1"
 
 
-def _rules(*pairs: tuple[str, str]) -> dict[str, Any]:
-    return _validations(*({"rule": r, "message": m} for r, m in pairs))
-
-
-def _validations(*checks: dict[str, Any]) -> dict[str, Any]:
-    return {"x-kubernetes-validations": list(checks)}
-
-
-class _Model(BaseModel):
-    """Base: camelCase on the wire, unknown fields refused, immutable once parsed."""
-
-    model_config = ConfigDict(
-        extra="forbid", frozen=True, populate_by_name=True, alias_generator=to_camel
-    )
-
-
 # --- spec.model ---------------------------------------------------------------------------
 
 
@@ -55,12 +41,12 @@ def _path(pattern: str, description: str, **field: Any) -> Any:
         max_length=4096,
         pattern=pattern,
         description=description,
-        json_schema_extra=_validations(rules.NO_DOT_DOT_RULE),
+        json_schema_extra=validations(rules.NO_DOT_DOT_RULE),
         **field,
     )
 
 
-class HostPathSource(_Model):
+class HostPathSource(Model):
     """A checkpoint directory on the node, mounted read-only."""
 
     path: Annotated[
@@ -72,7 +58,7 @@ class HostPathSource(_Model):
     ]
 
 
-class PVCSource(_Model):
+class PVCSource(Model):
     """A checkpoint on a PersistentVolumeClaim, mounted read-only."""
 
     claim_name: Annotated[
@@ -95,7 +81,7 @@ class PVCSource(_Model):
     ]
 
 
-class DummySource(_Model):
+class DummySource(Model):
     """Seeded random weights of a named shape: no checkpoint needed (benchmarks, demos)."""
 
     preset: Annotated[
@@ -104,11 +90,11 @@ class DummySource(_Model):
     ] = "llama-tiny"
 
 
-class ModelSource(_Model):
+class ModelSource(Model):
     """Where the weights come from: exactly one of hostPath, pvc or dummy."""
 
     model_config = ConfigDict(
-        json_schema_extra=_rules(
+        json_schema_extra=rules_of(
             (
                 "[has(self.hostPath), has(self.pvc), has(self.dummy)].filter(x, x).size() == 1",
                 "model.source must set exactly one of hostPath, pvc or dummy",
@@ -126,7 +112,7 @@ class ModelSource(_Model):
         return self
 
 
-class ModelSpec(_Model):
+class ModelSpec(Model):
     """The model the endpoint serves."""
 
     name: Annotated[
@@ -148,7 +134,7 @@ class ModelSpec(_Model):
 # --- spec.engine --------------------------------------------------------------------------
 
 
-class EngineSpec(_Model):
+class EngineSpec(Model):
     """The inference engine each replica runs."""
 
     image: (
@@ -163,9 +149,7 @@ class EngineSpec(_Model):
                     f"(this version's defaults: {ENGINE_IMAGE} for kind kvscale, "
                     f"{VLLM_IMAGE} for kind vllm)."
                 ),
-                json_schema_extra=_validations(
-                    rules.matches_rule(rules.IMAGE, rules.IMAGE_MESSAGE)
-                ),
+                json_schema_extra=validations(rules.matches_rule(rules.IMAGE, rules.IMAGE_MESSAGE)),
             ),
             AfterValidator(rules.image_reference),
         ]
@@ -209,7 +193,7 @@ class EngineSpec(_Model):
                 Field(
                     max_length=1024,
                     description="One argument: a flag (--name, --name=value) or a value.",
-                    json_schema_extra=_validations(
+                    json_schema_extra=validations(
                         rules.matches_rule(rules.ARGUMENT, rules.ARGUMENT_MESSAGE),
                         rules.matches_rule(
                             rules.MANAGED_FLAG, rules.MANAGED_FLAG_MESSAGE, negate=True
@@ -234,16 +218,16 @@ class EngineSpec(_Model):
 # int-or-string, as in Pod specs (`cpu: 4`); rendered into the pod spec as a string
 Quantity = Annotated[
     int | str,
-    Field(json_schema_extra=_validations(*rules.QUANTITY_RULES)),
+    Field(json_schema_extra=validations(*rules.QUANTITY_RULES)),
     AfterValidator(rules.positive_quantity),
 ]
 
 
-class ResourcesSpec(_Model):
+class ResourcesSpec(Model):
     """What each replica requests (requests equal limits)."""
 
     model_config = ConfigDict(
-        json_schema_extra=_rules(
+        json_schema_extra=rules_of(
             (
                 "!has(self.gpuType) || self.gpusPerReplica > 0",
                 GPU_TYPE_MESSAGE,
@@ -283,7 +267,7 @@ class ResourcesSpec(_Model):
 # --- spec.slo / trafficClasses ------------------------------------------------------------
 
 
-class SLOSpec(_Model):
+class SLOSpec(Model):
     """The latency targets interactive requests are served within."""
 
     ttft_p99_seconds: Annotated[
@@ -322,11 +306,11 @@ TOO_MANY_DEFERRABLE = f"at most {MAX_DEFERRABLE_CLASSES} trafficClasses may set 
 # An interactive class (no deadline) carries the latency SLO and is admitted or refused at once;
 # a deferrable class (deadlineSeconds) is held by the router, earliest deadline first, and released
 # into spare capacity, and the capacity law counts only the rate its deadlines require.
-class TrafficClass(_Model):
+class TrafficClass(Model):
     """One class of requests: its priority, how long it may queue, and (deferrable) its deadline."""
 
     model_config = ConfigDict(
-        json_schema_extra=_rules(
+        json_schema_extra=rules_of(
             (
                 "!has(self.deadlineSeconds) || !has(self.maxQueueWaitSeconds) "
                 "|| self.maxQueueWaitSeconds >= self.deadlineSeconds",
@@ -406,11 +390,11 @@ class TrafficClass(_Model):
 # --- spec.scaling / cost ------------------------------------------------------------------
 
 
-class SignalsSpec(_Model):
+class SignalsSpec(Model):
     """Where the controllers read the replicas' metrics."""
 
     model_config = ConfigDict(
-        json_schema_extra=_rules(
+        json_schema_extra=rules_of(
             (
                 "self.source != 'prometheus' || has(self.prometheusUrl)",
                 "scaling.signals.prometheusUrl is required when source is prometheus",
@@ -426,17 +410,17 @@ class SignalsSpec(_Model):
         Field(
             max_length=2048,
             description="Base URL of the Prometheus HTTP API (http or https, not link-local).",
-            json_schema_extra=_validations(*rules.PROMETHEUS_URL_RULES),
+            json_schema_extra=validations(*rules.PROMETHEUS_URL_RULES),
         ),
         AfterValidator(lambda url: url if url is None else rules.prometheus_url(url)),
     ] = None
 
 
-class ScalingSpec(_Model):
+class ScalingSpec(Model):
     """The capacity and routing controllers' bounds and timing."""
 
     model_config = ConfigDict(
-        json_schema_extra=_rules(
+        json_schema_extra=rules_of(
             (
                 "self.minReplicas <= self.maxReplicas",
                 "scaling.minReplicas must not exceed scaling.maxReplicas",
@@ -513,7 +497,7 @@ class ScalingSpec(_Model):
         return self
 
 
-class CostSpec(_Model):
+class CostSpec(Model):
     """Prices for the cost figures in status.cost."""
 
     gpu_hour_price: Annotated[
@@ -527,11 +511,11 @@ class CostSpec(_Model):
 # --- the endpoint -------------------------------------------------------------------------
 
 
-class LLMEndpointSpec(_Model):
+class LLMEndpointSpec(Model):
     """The desired state of an LLM inference endpoint."""
 
     model_config = ConfigDict(
-        json_schema_extra=_rules(
+        json_schema_extra=rules_of(
             (
                 "!has(self.replicas) || !has(self.scaling) "
                 "|| self.replicas <= self.scaling.maxReplicas",
@@ -575,6 +559,7 @@ class LLMEndpointSpec(_Model):
     ] = []
     scaling: ScalingSpec = ScalingSpec()
     cost: CostSpec = CostSpec()
+    pod_template: Annotated[PodTemplate | None, Field(description=POD_TEMPLATE_DESCRIPTION)] = None
     replicas: Annotated[
         int | None,
         Field(

@@ -11,6 +11,7 @@ from typing import Any
 
 from kvscale.api import v1alpha1 as api
 from kvscale.api.images import DEFAULTS, DefaultImages
+from kvscale.children import overrides
 from kvscale.children.engine_args import (
     DRAIN_SECONDS,
     ENDPOINTS,
@@ -215,18 +216,21 @@ def engine_deployment(
                 "type": "RollingUpdate",
                 "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
             },
-            "template": {
-                "metadata": {
-                    "labels": labels(owner.name),
-                    "annotations": {
-                        "prometheus.io/scrape": "true",
-                        "prometheus.io/port": str(ENGINE_PORT),
-                        "prometheus.io/path": "/metrics",
-                        "kvscale.io/model": spec.model.name,
+            "template": overrides.pod_template(
+                {
+                    "metadata": {
+                        "labels": labels(owner.name),
+                        "annotations": {
+                            "prometheus.io/scrape": "true",
+                            "prometheus.io/port": str(ENGINE_PORT),
+                            "prometheus.io/path": "/metrics",
+                            "kvscale.io/model": spec.model.name,
+                        },
                     },
+                    "spec": pod_spec,
                 },
-                "spec": pod_spec,
-            },
+                spec.pod_template,
+            ),
         },
     }
 

@@ -13,6 +13,7 @@ import json
 
 from kvscale.api import v1alpha1 as api
 from kvscale.api.images import DEFAULTS, DefaultImages
+from kvscale.children import overrides
 from kvscale.children.engine import (
     JSON,
     Owner,
@@ -157,22 +158,25 @@ def router_deployment(
                         "prometheus.io/path": "/metrics",
                     },
                 },
-                "spec": {
-                    "serviceAccountName": router_name(owner.name),
-                    "automountServiceAccountToken": True,  # it watches the API
-                    "containers": [_container(owner, spec, images)],
-                    "terminationGracePeriodSeconds": ROUTER_DRAIN_SECONDS + 5,
-                    "affinity": {
-                        "podAntiAffinity": {
-                            "preferredDuringSchedulingIgnoredDuringExecution": [spread]
-                        }
+                "spec": overrides.pull_secrets(
+                    {
+                        "serviceAccountName": router_name(owner.name),
+                        "automountServiceAccountToken": True,  # it watches the API
+                        "containers": [_container(owner, spec, images)],
+                        "terminationGracePeriodSeconds": ROUTER_DRAIN_SECONDS + 5,
+                        "affinity": {
+                            "podAntiAffinity": {
+                                "preferredDuringSchedulingIgnoredDuringExecution": [spread]
+                            }
+                        },
+                        "securityContext": {
+                            "runAsNonRoot": True,
+                            "seccompProfile": {"type": "RuntimeDefault"},
+                        },
+                        "volumes": [{"name": "tmp", "emptyDir": {}}],
                     },
-                    "securityContext": {
-                        "runAsNonRoot": True,
-                        "seccompProfile": {"type": "RuntimeDefault"},
-                    },
-                    "volumes": [{"name": "tmp", "emptyDir": {}}],
-                },
+                    spec.pod_template,
+                ),
             },
         },
     }
