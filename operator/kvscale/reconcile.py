@@ -77,15 +77,15 @@ def replica_event(
 
 def model_problems(kube: Kube, namespace: str, spec: api.LLMEndpointSpec) -> list[endpoint.Problem]:
     """What the operator can check about the model source before any pod runs."""
-    pvc = spec.model.source.pvc
-    if (
-        pvc is not None
-        and kube.get("v1", "PersistentVolumeClaim", namespace, pvc.claim_name) is None
-    ):
+    source = spec.model.source
+    claim = source.pvc.claim_name if source.pvc is not None else None
+    if source.huggingface is not None:
+        claim = source.huggingface.claim_name
+    if claim is not None and kube.get("v1", "PersistentVolumeClaim", namespace, claim) is None:
         return [
             endpoint.Problem(
                 "ModelSourceNotFound",
-                f"PersistentVolumeClaim {pvc.claim_name} does not exist in {namespace}",
+                f"PersistentVolumeClaim {claim} does not exist in {namespace}",
             )
         ]
     return []

@@ -90,25 +90,100 @@ class DummySource(Model):
     ] = "llama-tiny"
 
 
+HF_REPO = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}(/[A-Za-z0-9][A-Za-z0-9._-]{0,95})?$"
+HF_REVISION = r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,254}$"
+
+
+class SecretKey(Model):
+    """A key of a Secret in the endpoint's namespace."""
+
+    name: Annotated[
+        str,
+        Field(
+            min_length=1,
+            max_length=253,
+            pattern=rules.DNS_SUBDOMAIN,
+            description="Name of the Secret.",
+        ),
+    ]
+    key: Annotated[
+        str, Field(min_length=1, max_length=253, description="Key of the token in the Secret.")
+    ] = "HF_TOKEN"
+
+
+class HuggingFaceSource(Model):
+    """A Hugging Face Hub repository, downloaded by an init container into the model volume in
+    the Hub's cache layout (huggingface_hub's snapshot_download; HF_ENDPOINT selects a mirror)."""
+
+    repo: Annotated[
+        str,
+        Field(
+            min_length=1,
+            max_length=192,
+            pattern=HF_REPO,
+            description="Repository id, e.g. Qwen/Qwen2.5-0.5B-Instruct.",
+        ),
+    ]
+    revision: Annotated[
+        str,
+        Field(
+            max_length=255,
+            pattern=HF_REVISION,
+            description="Branch, tag or commit; a new one rolls the replicas onto it.",
+        ),
+    ] = "main"
+    token_secret: Annotated[
+        SecretKey | None,
+        Field(
+            description="Secret key holding the Hub token (HF_TOKEN), for private or gated repos."
+        ),
+    ] = None
+    endpoint: Annotated[
+        str | None,
+        Field(
+            max_length=2048,
+            description="Hub URL (HF_ENDPOINT), e.g. a mirror (default: the Hub's).",
+            json_schema_extra=validations(*rules.PROMETHEUS_URL_RULES),
+        ),
+        AfterValidator(lambda url: url if url is None else rules.prometheus_url(url)),
+    ] = None
+    claim_name: Annotated[
+        str | None,
+        Field(
+            max_length=253,
+            pattern=rules.DNS_SUBDOMAIN,
+            description="PersistentVolumeClaim to keep the download on, filled once and reused "
+            "by every replica and restart (ReadWriteMany for several nodes); unset: an emptyDir "
+            "per pod.",
+        ),
+    ] = None
+
+
+SOURCE_MESSAGE = "model.source must set exactly one of hostPath, pvc, dummy or huggingface"
+
+
 class ModelSource(Model):
-    """Where the weights come from: exactly one of hostPath, pvc or dummy."""
+    """Where the weights come from: exactly one of hostPath, pvc, dummy or huggingface."""
 
     model_config = ConfigDict(
         json_schema_extra=rules_of(
             (
-                "[has(self.hostPath), has(self.pvc), has(self.dummy)].filter(x, x).size() == 1",
-                "model.source must set exactly one of hostPath, pvc or dummy",
+                "[has(self.hostPath), has(self.pvc), has(self.dummy), has(self.huggingface)]"
+                ".filter(x, x).size() == 1",
+                SOURCE_MESSAGE,
             )
         )
     )
     host_path: HostPathSource | None = None
     pvc: PVCSource | None = None
     dummy: DummySource | None = None
+    huggingface: HuggingFaceSource | None = None
 
     @model_validator(mode="after")
     def _exactly_one(self) -> ModelSource:
-        if sum(x is not None for x in (self.host_path, self.pvc, self.dummy)) != 1:
-            raise ValueError("model.source must set exactly one of hostPath, pvc or dummy")
+        sources = (self.host_path, self.pvc, self.dummy, self.huggingface)
+        if sum(x is not None for x in sources) != 1:
+            raise ValueError(SOURCE_MESSAGE)
         return self
 
 

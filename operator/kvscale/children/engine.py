@@ -16,10 +16,12 @@ from kvscale.children.engine_args import (
     DRAIN_SECONDS,
     ENDPOINTS,
     ENGINE_PORT,
+    HUB_CACHE,
     MODEL_MOUNT,
     SHUTDOWN_GRACE_SECONDS,
     engine_args,
     engine_env,
+    hub_link,
 )
 
 JSON = dict[str, Any]
@@ -30,6 +32,7 @@ ROLE_LABEL = "kvscale.io/role"
 GRACE_SECONDS = SHUTDOWN_GRACE_SECONDS + DRAIN_SECONDS + 15
 STARTUP_PERIOD_SECONDS = 2
 SHM_SIZE = "2Gi"  # vLLM's workers exchange tensors through /dev/shm (64 MiB by default)
+FETCH_CONTAINER = "fetch-model"  # the init container of a huggingface source
 
 
 @dataclass(frozen=True)
@@ -137,7 +140,64 @@ def _model_volume(spec: api.LLMEndpointSpec) -> tuple[list[JSON], list[JSON]]:
         }
         mount = {"name": "model", "mountPath": MODEL_MOUNT, "readOnly": True}
         return [volume], [mount]
+    if source.huggingface is not None:  # filled by the init container, read-only to the engine
+        claim = source.huggingface.claim_name
+        where = {"persistentVolumeClaim": {"claimName": claim}} if claim else {"emptyDir": {}}
+        return [{"name": "model", **where}], [
+            {"name": "model", "mountPath": MODEL_MOUNT, "readOnly": True}
+        ]
     return [], []
+
+
+def kvscale_image(spec: api.LLMEndpointSpec, images: DefaultImages) -> str:
+    """An image of kvscale's own (engine, router, fetch): the engine's for a kvscale engine,
+    else the operator's default engine image."""
+    return spec.engine.container_image(images) if spec.engine.kind == "kvscale" else images.engine
+
+
+def fetch_container(spec: api.LLMEndpointSpec, images: DefaultImages) -> JSON | None:
+    """The init container that downloads a huggingface source into the model volume (the Hub's
+    cache layout, so a claim is filled once: later pods download only what changed)."""
+    source = spec.model.source.huggingface
+    if source is None:
+        return None
+    env: list[JSON] = [
+        {"name": "HOME", "value": "/tmp"},
+        {"name": "HF_HUB_OFFLINE", "value": "0"},  # the image runs offline by default
+        {"name": "HF_HUB_DISABLE_TELEMETRY", "value": "1"},
+        {"name": "HF_HUB_DISABLE_PROGRESS_BARS", "value": "1"},
+    ]
+    if source.endpoint:
+        env.append({"name": "HF_ENDPOINT", "value": source.endpoint})
+    if source.token_secret is not None:
+        ref = {"name": source.token_secret.name, "key": source.token_secret.key}
+        env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": ref}})
+    return {
+        "name": FETCH_CONTAINER,
+        "image": kvscale_image(spec, images),
+        "command": ["kvscale-engine"],
+        "args": [
+            "fetch",
+            "--repo",
+            source.repo,
+            "--revision",
+            source.revision,
+            "--cache-dir",
+            HUB_CACHE,
+            "--link",
+            hub_link(source),
+        ],
+        "env": env,
+        "resources": {
+            "requests": {"cpu": "100m", "memory": "256Mi"},
+            "limits": {"memory": "2Gi"},
+        },
+        "securityContext": restricted_security(),
+        "volumeMounts": [
+            {"name": "tmp", "mountPath": "/tmp"},
+            {"name": "model", "mountPath": MODEL_MOUNT},
+        ],
+    }
 
 
 def probe(path: str, period: int, failures: int) -> JSON:
@@ -199,6 +259,9 @@ def engine_deployment(
     if spec.engine.kind == "vllm":
         shm = {"medium": "Memory", "sizeLimit": SHM_SIZE}
         pod_spec["volumes"].append({"name": "dshm", "emptyDir": shm})
+    fetch = fetch_container(spec, images)
+    if fetch is not None:
+        pod_spec["initContainers"] = [fetch]
     if spec.resources.gpus_per_replica:
         pod_spec["tolerations"] = [
             {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}

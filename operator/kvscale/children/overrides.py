@@ -50,13 +50,19 @@ def pull_secrets(pod: JSON, overrides: PodTemplate | None) -> JSON:
     return {**pod, "imagePullSecrets": secrets}
 
 
-def container(c: JSON, o: PodTemplate) -> JSON:
-    """The engine container with the template's env, envFrom, resources and mounts."""
+def environment(c: JSON, o: PodTemplate) -> JSON:
+    """A container with the template's env and envFrom."""
     out = dict(c)
     if o.env:
         out["env"] = keyed(c.get("env", []), _dump(o.env))
     if o.env_from:
         out["envFrom"] = c.get("envFrom", []) + _dump(o.env_from)
+    return out
+
+
+def container(c: JSON, o: PodTemplate) -> JSON:
+    """The engine container with the template's env, envFrom, resources and mounts."""
+    out = environment(c, o)
     if o.resources is not None:
         res = c.get("resources", {})
         out["resources"] = {
@@ -70,7 +76,7 @@ def container(c: JSON, o: PodTemplate) -> JSON:
 
 def pod_template(template: JSON, o: PodTemplate | None) -> JSON:
     """A Deployment's pod template (metadata + spec) with spec.podTemplate merged in; its first
-    container is the engine's."""
+    container is the engine's, and its init containers get the template's environment."""
     if o is None:
         return template
     meta = dict(template.get("metadata", {}))
@@ -80,6 +86,8 @@ def pod_template(template: JSON, o: PodTemplate | None) -> JSON:
     pod = pull_secrets(dict(template["spec"]), o)
     first, *rest = pod["containers"]
     pod["containers"] = [container(first, o), *rest]
+    if pod.get("initContainers"):  # the model's download sees HF_ENDPOINT, HF_TOKEN and the like
+        pod["initContainers"] = [environment(i, o) for i in pod["initContainers"]]
     if o.tolerations:
         pod["tolerations"] = _atomic_union(pod.get("tolerations", []), _dump(o.tolerations))
     if o.node_selector:

@@ -18,6 +18,7 @@ from kvscale.children.engine import (
     JSON,
     Owner,
     http_service,
+    kvscale_image,
     labels,
     metadata,
     probe,
@@ -54,7 +55,7 @@ def router_replicas(spec: api.LLMEndpointSpec) -> int:
 def router_image(spec: api.LLMEndpointSpec, images: DefaultImages) -> str:
     """The image the router runs from: kvscale's engine image holds the router too (another
     command), so the engine's own image for a kvscale engine, else the operator's default one."""
-    return spec.engine.container_image(images) if spec.engine.kind == "kvscale" else images.engine
+    return kvscale_image(spec, images)
 
 
 def router_args(owner: Owner, spec: api.LLMEndpointSpec) -> list[str]:
