@@ -12,8 +12,9 @@ from its files. The calls answered, as the Hub answers them:
 
 A missing repo answers 404 with ``X-Error-Code: RepoNotFound``, a missing branch 404 with
 ``RevisionNotFound``, a missing file 404 with ``EntryNotFound``; with ``--token``, a request
-without ``Authorization: Bearer <token>`` answers 401 (``Invalid credentials in Authorization
-header``). Every request is logged, so a test can tell a download from a cache hit.
+without ``Authorization`` answers 401 ``RepoNotFound`` (the Hub hides private repositories) and
+one with another token 401 ``Invalid credentials in Authorization header``. Every request is
+logged.
 
 Run it as ``python -m kvscale_cluster.hf_hub --root DIR --port N [--token T]`` (the image
 ``kvscale/hfhub`` on the local cluster).
@@ -77,8 +78,10 @@ class Handler(BaseHTTPRequestHandler):
         sys.stderr.write(f"{self.command} {self.path} -> {args[1] if len(args) > 1 else ''}\n")
 
     def _serve(self, body: bool) -> None:
-        token = self.server.token
-        if token and self.headers.get("Authorization") != f"Bearer {token}":
+        token, sent = self.server.token, self.headers.get("Authorization")
+        if token and sent is None:  # as the Hub answers a private repo to an anonymous client
+            return self._error(401, "RepoNotFound")
+        if token and sent != f"Bearer {token}":
             return self._error(401, error_message=INVALID_TOKEN)
         path = urlsplit(self.path).path
         if path.startswith(API):
