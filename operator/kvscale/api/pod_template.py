@@ -21,7 +21,7 @@ from kvscale.api import rules
 from kvscale.api.base import Model, rules_of, validations
 
 # what the operator itself names and mounts in an engine pod (kvscale.children.engine)
-OPERATOR_VOLUMES = ("tmp", "model", "dshm", "hf-token")
+OPERATOR_VOLUMES = ("tmp", "model", "dshm")
 OPERATOR_MOUNTS = ("/tmp", "/models", "/dev/shm")
 OPERATOR_LABEL_PREFIXES = ("kvscale.io/", "app.kubernetes.io/")
 OPERATOR_ANNOTATION_PREFIXES = ("kvscale.io/", "controller.kubernetes.io/pod-deletion-cost")
