@@ -91,20 +91,27 @@ class Handler(BaseHTTPRequestHandler):
             return self._resolve("/".join(parts[:2]), unquote(parts[3]), "/".join(parts[4:]), body)
         return self._error(404, "EntryNotFound")
 
-    def _repo(self, repo: str) -> Repo | None:
-        folder = self.server.root / repo
-        return Repo(folder) if repo.count("/") == 1 and folder.is_dir() else None
+    def _find(self, repo_id: str, revision: str) -> tuple[Repo, Path] | None:
+        """The repository and the branch a revision names, or None after answering 404."""
+        folder = self.server.root / repo_id
+        if repo_id.count("/") != 1 or not folder.is_dir():
+            self._error(404, "RepoNotFound")
+            return None
+        repo = Repo(folder)
+        branch = repo.branch(revision)
+        if branch is None:
+            self._error(404, "RevisionNotFound")
+            return None
+        return repo, branch
 
     def _api(self, parts: list[str]) -> None:
         if len(parts) < 4 or parts[2] not in ("revision", "tree"):
             return self._error(404, "EntryNotFound")
         repo_id, kind, revision = "/".join(parts[:2]), parts[2], parts[3]
-        repo = self._repo(repo_id)
-        if repo is None:
-            return self._error(404, "RepoNotFound")
-        branch = repo.branch(revision)
-        if branch is None:
-            return self._error(404, "RevisionNotFound")
+        found = self._find(repo_id, revision)
+        if found is None:
+            return None
+        repo, branch = found
         files = repo.files(branch)
         if kind == "revision":
             info = {
@@ -127,12 +134,10 @@ class Handler(BaseHTTPRequestHandler):
         return self._json(entries)
 
     def _resolve(self, repo_id: str, revision: str, name: str, body: bool) -> None:
-        repo = self._repo(repo_id)
-        if repo is None:
-            return self._error(404, "RepoNotFound")
-        branch = repo.branch(revision)
-        if branch is None:
-            return self._error(404, "RevisionNotFound")
+        found = self._find(repo_id, revision)
+        if found is None:
+            return None
+        repo, branch = found
         file = branch / name
         if not file.is_file() or ".." in name.split("/"):
             return self._error(404, "EntryNotFound")

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +20,7 @@ import openai
 import pytest
 from test_autoscale import API, apply, condition, operator, serving, status
 
+from kvscale.children.engine_args import MODEL_MOUNT
 from kvscale.kube import Kube
 from kvscale_cluster.fixtures import Cluster, kubectl, wait_for
 from kvscale_cluster.images import VENV_BIN
@@ -26,6 +28,29 @@ from kvscale_cluster.images import VENV_BIN
 __all__ = ["operator"]  # the fixture: the operator in this process, the CRD applied
 TOKEN = "hf_local_test_token"
 HUB_PORT = 8000
+ORG = "kvscale-e2e"  # what the tests download, and all they remove of the host's /models
+# The process kubelet mounts no volume: every pod's /models (an emptyDir per pod on a real node)
+# is the host's, so a download one test made is another's cache, and huggingface_hub serves a
+# cached snapshot when the Hub refuses it. Each test starts and ends without this org's files.
+HOST_MODELS = Path(MODEL_MOUNT)
+
+
+def clear_downloads() -> None:
+    for found in (
+        *HOST_MODELS.glob(f"hub/models--{ORG}--*"),
+        *HOST_MODELS.glob(f"kvscale/{ORG}--*"),
+    ):
+        if found.is_symlink() or found.is_file():
+            found.unlink()
+        else:
+            shutil.rmtree(found)
+
+
+@pytest.fixture(autouse=True)
+def fresh_downloads() -> Iterator[None]:
+    clear_downloads()
+    yield
+    clear_downloads()
 
 
 @pytest.fixture
@@ -35,9 +60,9 @@ def api(cluster: Cluster) -> Kube:
 
 @pytest.fixture
 def hub(cluster: Cluster, namespace: str, tmp_path: Path) -> Iterator[str]:
-    """The Hub's URL: org/tiny with branches v1 and v2 (other seeds), behind a token."""
+    """The Hub's URL: kvscale-e2e/tiny with branches v1 and v2 (other seeds), behind a token."""
     for branch, seed in (("v1", 0), ("v2", 1)):
-        path = tmp_path / "hub" / "org" / "tiny" / branch
+        path = tmp_path / "hub" / ORG / "tiny" / branch
         subprocess.run(
             [str(VENV_BIN / "kvscale-engine"), "tiny-checkpoint", str(path), "--seed", str(seed)],
             check=True,
@@ -84,7 +109,7 @@ def hub(cluster: Cluster, namespace: str, tmp_path: Path) -> Iterator[str]:
 
 
 def endpoint(name: str, hub: str, **source: Any) -> dict[str, Any]:
-    huggingface = {"repo": "org/tiny", "revision": "v1", "endpoint": hub, **source}
+    huggingface = {"repo": f"{ORG}/tiny", "revision": "v1", "endpoint": hub, **source}
     spec = {
         "model": {"name": "tiny", "source": {"huggingface": huggingface}, "maxModelLen": 256},
         "engine": {"maxNumSeqs": 4, "maxNumBatchedTokens": 256},
@@ -116,7 +141,7 @@ def test_a_huggingface_source_is_downloaded_served_and_rolled_to_a_new_revision(
     url = serving(api, namespace, ready=1)
     assert complete(url)
     (first,) = engine_pods(api, namespace, "chat")
-    assert served_from(first) == "/models/kvscale/org--tiny@v1"
+    assert served_from(first) == f"/models/kvscale/{ORG}--tiny@v1"
     init = first["status"]["initContainerStatuses"][0]
     assert init["state"]["terminated"]["exitCode"] == 0
 
@@ -146,7 +171,11 @@ def test_a_huggingface_source_is_downloaded_served_and_rolled_to_a_new_revision(
 @pytest.mark.parametrize(
     ("name", "source", "reason"),
     [
-        ("missing", {"repo": "org/no-such-model", "tokenSecret": {"name": "hf"}}, "ModelNotFound"),
+        (
+            "missing",
+            {"repo": f"{ORG}/no-such-model", "tokenSecret": {"name": "hf"}},
+            "ModelNotFound",
+        ),
         ("denied", {"tokenSecret": {"name": "hf-wrong"}}, "ModelAccessDenied"),
         ("no-token", {}, "ModelNotFound"),  # the Hub hides a private repo from anonymous clients
     ],

@@ -90,6 +90,20 @@ class DummySource(Model):
     ] = "llama-tiny"
 
 
+# an http(s) URL that is not link-local (CEL at admission, rules.prometheus_url when parsed)
+HttpURL = Annotated[
+    str | None, AfterValidator(lambda url: url if url is None else rules.prometheus_url(url))
+]
+
+
+def _url(description: str) -> Any:
+    return Field(
+        max_length=2048,
+        description=description,
+        json_schema_extra=validations(*rules.PROMETHEUS_URL_RULES),
+    )
+
+
 HF_REPO = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}(/[A-Za-z0-9][A-Za-z0-9._-]{0,95})?$"
 HF_REVISION = r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,254}$"
 
@@ -139,13 +153,7 @@ class HuggingFaceSource(Model):
         ),
     ] = None
     endpoint: Annotated[
-        str | None,
-        Field(
-            max_length=2048,
-            description="Hub URL (HF_ENDPOINT), e.g. a mirror (default: the Hub's).",
-            json_schema_extra=validations(*rules.PROMETHEUS_URL_RULES),
-        ),
-        AfterValidator(lambda url: url if url is None else rules.prometheus_url(url)),
+        HttpURL, _url("Hub URL (HF_ENDPOINT), e.g. a mirror (default: the Hub's).")
     ] = None
     claim_name: Annotated[
         str | None,
@@ -481,13 +489,7 @@ class SignalsSpec(Model):
         Field(description="Scrape replicas' /metrics directly, or query Prometheus."),
     ] = "direct"
     prometheus_url: Annotated[
-        str | None,
-        Field(
-            max_length=2048,
-            description="Base URL of the Prometheus HTTP API (http or https, not link-local).",
-            json_schema_extra=validations(*rules.PROMETHEUS_URL_RULES),
-        ),
-        AfterValidator(lambda url: url if url is None else rules.prometheus_url(url)),
+        HttpURL, _url("Base URL of the Prometheus HTTP API (http or https, not link-local).")
     ] = None
 
 
