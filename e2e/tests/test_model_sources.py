@@ -38,6 +38,7 @@ HOST_MODELS = Path(MODEL_MOUNT)
 def clear_downloads() -> None:
     for found in (
         *HOST_MODELS.glob(f"hub/models--{ORG}--*"),
+        *HOST_MODELS.glob(f"hub/.locks/models--{ORG}--*"),
         *HOST_MODELS.glob(f"kvscale/{ORG}--*"),
     ):
         if found.is_symlink() or found.is_file():
