@@ -104,8 +104,12 @@ bench: venv vllm  # engine_vs_vllm serves vLLM from its venv
 profile: venv
 	$(BIN)/python -m bench profile
 
+# every image of kvscale (engine + router, operator), named <REGISTRY>/<name>:<TAG> (TAG: the
+# version), with OCI labels; set the same names in manifests/base/kustomization.yaml's `images:`
+REGISTRY ?= kvscale
+TAG ?=
 image:
-	engine-image/build-image.sh
+	REGISTRY=$(REGISTRY) TAG=$(TAG) engine-image/build-image.sh
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

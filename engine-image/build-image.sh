@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Builds the kvscale engine image (kvscale/engine) and the operator image (kvscale/operator)
-# where no container registry can be reached.
+# Builds every image of kvscale: the engine image (<registry>/engine, which also runs the routers:
+# the `kvscale-router` command) and the operator image (<registry>/operator), where no container
+# registry can be reached.
 #
 # The base image is a Debian root file system made by debootstrap and turned into an image by
 # `docker import`, so nothing is pulled from a registry. Python packages come from PyPI through
@@ -8,25 +9,39 @@
 # On an ordinary machine with Docker Hub, skip debootstrap:
 #     BASE_IMAGE=python:3.11-slim-bookworm engine-image/build-image.sh
 #
-# Tags come from pyproject.toml's version, the tag the CRD's default engine image names:
-# kvscale/engine:<version> (the CUDA variant: <version>-cuda) and kvscale/operator:<version>.
-# Environment: VARIANT=cpu|cuda (default cpu), TAG (default as above), BASE_IMAGE (default: the
+# REGISTRY (default kvscale) and TAG (default: pyproject.toml's version, the tag the operator's
+# default images name) set every image's name: <registry>/engine:<tag> (the CUDA variant:
+# <tag>-cuda) and <registry>/operator:<tag>; manifests/base/kustomization.yaml's `images:` is where
+# an install names them. Each image carries the OCI labels org.opencontainers.image.source (SOURCE,
+# default: the git remote `origin`), .version (the package's) and .revision (the git commit).
+# Environment: REGISTRY, TAG, VARIANT=cpu|cuda (default cpu), SOURCE, BASE_IMAGE (default: the
 # debootstrap image below), DEBIAN_MIRROR, CA_BUNDLE.
+# `--dry-run` prints the build commands without building; `--base-only` builds only the base.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
 VARIANT=${VARIANT:-cpu}
 VERSION=$(sed -n 's/^version = "\(.*\)"$/\1/p' pyproject.toml)
 [[ -n "$VERSION" ]] || { echo "[build-image] no version in pyproject.toml" >&2; exit 1; }
-if [[ "$VARIANT" == cpu ]]; then TAG=${TAG:-$VERSION}; else TAG=${TAG:-$VERSION-$VARIANT}; fi
-IMAGE=kvscale/engine
-OPERATOR_IMAGE=kvscale/operator:$VERSION
+REGISTRY=${REGISTRY:-kvscale}
+TAG=${TAG:-$VERSION}
+if [[ "$VARIANT" == cpu ]]; then ENGINE_TAG=$TAG; else ENGINE_TAG=$TAG-$VARIANT; fi
+IMAGE=$REGISTRY/engine:$ENGINE_TAG
+OPERATOR_IMAGE=$REGISTRY/operator:$TAG
+SOURCE=${SOURCE:-$(git remote get-url origin 2>/dev/null || true)}
+REVISION=$(git rev-parse HEAD 2>/dev/null || echo unknown)
 SUITE=bookworm
 DEBOOTSTRAP_BASE=kvscale/debian-base:$SUITE
 BASE_IMAGE=${BASE_IMAGE:-$DEBOOTSTRAP_BASE}
 CA_BUNDLE=${CA_BUNDLE:-/etc/ssl/certs/ca-certificates.crt}
 WORK=build/engine-image
 export DOCKER_BUILDKIT=0  # the classic builder: Debian's docker.io ships without buildx
+LABELS=(
+    --label "org.opencontainers.image.source=$SOURCE"
+    --label "org.opencontainers.image.version=$VERSION"
+    --label "org.opencontainers.image.revision=$REVISION"
+    --label "org.opencontainers.image.licenses=Apache-2.0"
+)
 
 log() { printf '[build-image] %s\n' "$*" >&2; }
 
@@ -48,21 +63,33 @@ stage_context() {
     echo "$ctx"
 }
 
+build() {  # image dockerfile context [docker build arguments...]
+    local image=$1 dockerfile=$2 ctx=$3
+    shift 3
+    local cmd=(docker build --network host --build-arg BASE_IMAGE="$BASE_IMAGE" "$@" "${LABELS[@]}"
+        -f "$dockerfile" -t "$image" "$ctx")
+    if [[ -n "$DRY_RUN" ]]; then
+        printf '%q ' "${cmd[@]}" && echo
+        return 0
+    fi
+    log "Building $image from $BASE_IMAGE"
+    "${cmd[@]}"
+    log "Built $image"
+}
+
 main() {
-    ensure_dockerd
-    ensure_debootstrap_base
-    [[ "${1:-}" == "--base-only" ]] && return 0
-    local ctx
-    ctx=$(stage_context)
-    log "Building $IMAGE:$TAG (variant $VARIANT) from $BASE_IMAGE"
-    docker build --network host \
-        --build-arg BASE_IMAGE="$BASE_IMAGE" --build-arg VARIANT="$VARIANT" \
-        -f engine-image/Dockerfile -t "$IMAGE:$TAG" "$ctx"
-    log "Built $IMAGE:$TAG"
-    log "Building $OPERATOR_IMAGE from $BASE_IMAGE"
-    docker build --network host --build-arg BASE_IMAGE="$BASE_IMAGE" \
-        -f operator/Dockerfile -t "$OPERATOR_IMAGE" "$ctx"
-    log "Built $OPERATOR_IMAGE"
+    DRY_RUN=
+    [[ "${1:-}" == "--dry-run" ]] && DRY_RUN=1
+    [[ -n "$SOURCE" ]] || log "No SOURCE and no git remote origin: org.opencontainers.image.source is empty"
+    local ctx=$WORK/context
+    if [[ -z "$DRY_RUN" ]]; then
+        ensure_dockerd
+        ensure_debootstrap_base
+        [[ "${1:-}" == "--base-only" ]] && return 0
+        ctx=$(stage_context)
+    fi
+    build "$IMAGE" engine-image/Dockerfile "$ctx" --build-arg VARIANT="$VARIANT"
+    build "$OPERATOR_IMAGE" operator/Dockerfile "$ctx"
 }
 
 main "$@"

@@ -33,6 +33,7 @@ ENTRYPOINTS: Mapping[str, tuple[str, ...]] = MappingProxyType(
         "kvscale/router": ("kvscale-router",),
         "kvscale/operator": ("kvscale",),
         "kvscale/testserver": (sys.executable, "-m", "kvscale_cluster.testserver"),
+        "kvscale/hfhub": (sys.executable, "-m", "kvscale_cluster.hf_hub"),  # a small HF Hub
     }
 )
 

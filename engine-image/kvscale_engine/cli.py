@@ -26,6 +26,7 @@ from typing import Any
 
 import uvicorn
 
+from kvscale_engine import fetch
 from kvscale_engine.config import ConfigError, EngineConfig
 from kvscale_engine.server.admission import AdmissionConfigError, parse_traffic_classes
 
@@ -99,6 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
         "a request",
     )  # fmt: skip
     serve.add_argument("--log-level", default="info")
+    fetch.add_parser(sub)
     tiny = sub.add_parser("tiny-checkpoint", help="write the tiny seeded test checkpoint")
     tiny.add_argument("path", type=Path)
     tiny.add_argument("--arch", default="llama")
@@ -235,6 +237,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.command == "tiny-checkpoint":
         tiny_checkpoint(args)
         return
+    if args.command == "fetch":
+        sys.exit(fetch.fetch(args))
     try:
         server = build_server(args)
         sockets = server.listen()

@@ -52,13 +52,19 @@ def _operator(args: argparse.Namespace) -> int:
     import kopf
 
     import kvscale.handlers  # noqa: F401  (registers the handlers)
+    from kvscale.api.images import DefaultImages
 
     configure_logging(args)
+    env = DefaultImages.from_env()
+    images = DefaultImages(
+        args.default_engine_image or env.engine, args.default_vllm_image or env.vllm
+    )
     kopf.run(
         standalone=True,
         clusterwide=not args.namespace,
         namespaces=args.namespace or (),
         liveness_endpoint=args.liveness,
+        memo=kopf.Memo(images=images),
     )
     return 0
 
@@ -79,6 +85,16 @@ def parser() -> argparse.ArgumentParser:
     op.add_argument("--namespace", action="append", help="watch only this namespace (repeat)")
     op.add_argument(
         "--liveness", default=None, help="liveness endpoint, e.g. http://0.0.0.0:8080/healthz"
+    )
+    op.add_argument(
+        "--default-engine-image",
+        help="image of kind-kvscale engines and of every router, for endpoints that pin none "
+        "(default: $KVSCALE_DEFAULT_ENGINE_IMAGE, else this version's kvscale/engine)",
+    )
+    op.add_argument(
+        "--default-vllm-image",
+        help="image of kind-vllm engines that pin none (default: $KVSCALE_DEFAULT_VLLM_IMAGE, "
+        "else the vLLM release this version was tested with)",
     )
     op.add_argument("--verbose", action="store_true")
     op.add_argument(

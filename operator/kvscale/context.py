@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from kvscale.api import v1alpha1 as api
+from kvscale.api.images import DEFAULTS, DefaultImages
 from kvscale.kube import Kube
 from kvscale.operator_metrics import OperatorMetrics
 from kvscale.signals.source import SignalSource
@@ -22,3 +23,4 @@ class Context:
     source: Callable[[api.SignalsSpec], SignalSource]
     metrics: OperatorMetrics
     clock: Callable[[], float] = time.time
+    images: DefaultImages = DEFAULTS  # for endpoints that pin no image

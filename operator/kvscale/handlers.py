@@ -15,6 +15,7 @@ from typing import Any
 import kopf
 
 from kvscale.api import v1alpha1 as api
+from kvscale.api.images import DefaultImages
 from kvscale.children.engine import ENDPOINT_LABEL, MANAGED_BY
 from kvscale.context import Context
 from kvscale.kube import Kube, api_client
@@ -46,7 +47,12 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     memo.metrics = metrics
     memo.sources = Sources()
     kube = Kube(api_client(), observe=metrics.kube_request)
-    memo.workers = Workers(Context(kube, memo.sources, metrics))
+    # `kvscale operator` puts its flags' images in the memo; `kopf run` takes the environment's
+    images: DefaultImages = memo.get("images") or DefaultImages.from_env()
+    logging.getLogger("kvscale").info(
+        f"Defaulted unpinned endpoints to {images.engine} (kvscale) and {images.vllm} (vllm)"
+    )
+    memo.workers = Workers(Context(kube, memo.sources, metrics, images=images))
 
 
 @kopf.on.cleanup()

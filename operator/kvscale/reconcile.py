@@ -13,6 +13,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from kvscale.api import v1alpha1 as api
+from kvscale.api.images import DEFAULTS, DefaultImages
 from kvscale.children import engine, network
 from kvscale.children.router import client_url, render_router
 from kvscale.kube import Kube
@@ -76,18 +77,23 @@ def replica_event(
 
 def model_problems(kube: Kube, namespace: str, spec: api.LLMEndpointSpec) -> list[endpoint.Problem]:
     """What the operator can check about the model source before any pod runs."""
-    pvc = spec.model.source.pvc
-    if (
-        pvc is not None
-        and kube.get("v1", "PersistentVolumeClaim", namespace, pvc.claim_name) is None
-    ):
+    source = spec.model.source
+    claim = source.pvc.claim_name if source.pvc is not None else None
+    if source.huggingface is not None:
+        claim = source.huggingface.claim_name
+    if claim is not None and kube.get("v1", "PersistentVolumeClaim", namespace, claim) is None:
         return [
             endpoint.Problem(
                 "ModelSourceNotFound",
-                f"PersistentVolumeClaim {pvc.claim_name} does not exist in {namespace}",
+                f"PersistentVolumeClaim {claim} does not exist in {namespace}",
             )
         ]
     return []
+
+
+def pod_image(deployment: JSON) -> str:
+    """The image of a Deployment's first container (its pod template's, as applied)."""
+    return str(deployment["spec"]["template"]["spec"]["containers"][0]["image"])
 
 
 def reconcile(
@@ -96,9 +102,11 @@ def reconcile(
     desired: int | None = None,
     why: str = "",
     extra: list[Cond] | None = None,
+    images: DefaultImages = DEFAULTS,
 ) -> Outcome:
     """Converge the children to the spec with `desired` engine replicas (default: pinned or
-    minimum), and compute the status; `extra` conditions come from the loops."""
+    minimum), and compute the status; `extra` conditions come from the loops, `images` are the
+    operator's defaults for an endpoint that pins none."""
     meta = body["metadata"]
     generation = int(meta.get("generation", 0))
     old_status: JSON = dict(body.get("status") or {})
@@ -124,8 +132,9 @@ def reconcile(
     problems = model_problems(kube, owner.namespace, spec)
     # the fence first: no engine pod is ever reachable from outside it
     fence = kube.apply(network.engine_network_policy(owner, network.operator_namespace()))
-    engine_objs = [kube.apply(obj) for obj in engine.render(owner, spec, desired)]
-    applied = [fence, *engine_objs, *(kube.apply(obj) for obj in render_router(owner, spec))]
+    engine_objs = [kube.apply(obj) for obj in engine.render(owner, spec, desired, images)]
+    router_objs = [kube.apply(obj) for obj in render_router(owner, spec, images)]
+    applied = [fence, *engine_objs, *router_objs]
     deployment = engine_objs[-1]
     pods = kube.list_pods(owner.namespace, engine.selector_string(owner.name))
 
@@ -151,6 +160,11 @@ def reconcile(
         old=old_status,
         now=now(),
         extra=extra,
+        images={
+            "engine": pod_image(deployment),
+            "router": pod_image(router_objs[-1]),
+            "pinned": spec.engine.image is not None,
+        },
     )
     return Outcome(
         new, endpoint.changes(old_status, new), events, spec=spec, deployment=deployment, pods=pods

@@ -123,7 +123,9 @@ class EndpointWorker:
         conditions = self.capacity.conditions()
         log.debug(f"Reconciling {self.namespace}/{self.name} at {desired} replicas ({why})")
         with self.ctx.metrics.reconciling("reconcile"):
-            return await asyncio.to_thread(reconcile, self.ctx.kube, body, desired, why, conditions)
+            return await asyncio.to_thread(
+                reconcile, self.ctx.kube, body, desired, why, conditions, self.ctx.images
+            )
 
     def _body(self) -> JSON:
         """The newest body seen, with what this worker wrote since overlaid on its status."""

@@ -90,12 +90,12 @@ MALFORMED: list[tuple[str, dict[str, Any], str]] = [
     (
         "two-model-sources",
         with_spec(spec__model__source={"dummy": {}, "hostPath": {"path": "/m"}}),
-        "exactly one of hostPath, pvc or dummy",
+        "exactly one of hostPath, pvc, dummy or huggingface",
     ),
     (
         "no-model-source",
         with_spec(spec__model__source={}),
-        "exactly one of hostPath, pvc or dummy",
+        "exactly one of hostPath, pvc, dummy or huggingface",
     ),
     (
         "relative-host-path",

@@ -161,6 +161,12 @@ NOT_POSITIVE = r"^(?:-.*|[+]?0*\.?0*(?:[eE][+-]?[0-9]+|[KMGTPE]i|[numkMGTPE])?)$
 POSITIVE_MESSAGE = "must be greater than zero"
 
 
+def quantity(value: int | str) -> int | str:
+    if not re.fullmatch(QUANTITY, str(value)):
+        raise ValueError(QUANTITY_MESSAGE)
+    return value
+
+
 def positive_quantity(value: int | str) -> int | str:
     text = str(value)
     if not re.fullmatch(QUANTITY, text):

@@ -227,6 +227,23 @@ class Decision(_Status):
     kv_usage: Annotated[Amount, _says("Highest KV-cache usage across replicas (0-1).")] = None
 
 
+class ImagesStatus(_Status):
+    """The images the endpoint's pods run: its Deployments' pod templates, which their rolling
+    updates converge the pods to."""
+
+    engine: Annotated[str | None, _says("Image of the engine replicas.")] = None
+    router: Annotated[str | None, _says("Image of the routers (the kvscale-router command).")] = (
+        None
+    )
+    pinned: Annotated[
+        bool | None,
+        _says(
+            "Whether spec.engine.image pins the engine image; false: the endpoint follows the "
+            "operator's default, and a new default rolls it."
+        ),
+    ] = None
+
+
 class LLMEndpointStatus(_Status):
     """What the operator observed and decided."""
 
@@ -254,6 +271,7 @@ class LLMEndpointStatus(_Status):
             },
         ),
     ] = []
+    images: ImagesStatus | None = None
     capacity: CapacityStatus | None = None
     routing: RoutingStatus | None = None
     slo: SLOStatus | None = None

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
-from pydantic.alias_generators import to_camel
+from pydantic import AfterValidator, ConfigDict, Field, model_validator
 
-from kvscale import __version__
 from kvscale.api import rules
+from kvscale.api.base import Model, rules_of, validations
+from kvscale.api.images import ENGINE_IMAGE, VLLM_IMAGE, DefaultImages
+from kvscale.api.pod_template import DESCRIPTION as POD_TEMPLATE_DESCRIPTION
+from kvscale.api.pod_template import PodTemplate
 
 GROUP = "kvscale.io"
 VERSION = "v1alpha1"
@@ -26,26 +28,7 @@ SHORT_NAMES = ("llme",)
 DNS_LABEL = rules.DNS_LABEL
 ENDPOINT_RULES = rules.ENDPOINT_RULES  # on the whole object: metadata.name
 
-
-ENGINE_IMAGE = f"kvscale/engine:{__version__}"  # `make image` builds this tag
-VLLM_IMAGE = "vllm/vllm-openai:v0.32.0"  # the release e2e/vllm/VERSION pins for the local cluster
 GPU_TYPE_MESSAGE = "resources.gpuType needs resources.gpusPerReplica of at least 1"
-
-
-def _rules(*pairs: tuple[str, str]) -> dict[str, Any]:
-    return _validations(*({"rule": r, "message": m} for r, m in pairs))
-
-
-def _validations(*checks: dict[str, Any]) -> dict[str, Any]:
-    return {"x-kubernetes-validations": list(checks)}
-
-
-class _Model(BaseModel):
-    """Base: camelCase on the wire, unknown fields refused, immutable once parsed."""
-
-    model_config = ConfigDict(
-        extra="forbid", frozen=True, populate_by_name=True, alias_generator=to_camel
-    )
 
 
 # --- spec.model ---------------------------------------------------------------------------
@@ -58,12 +41,12 @@ def _path(pattern: str, description: str, **field: Any) -> Any:
         max_length=4096,
         pattern=pattern,
         description=description,
-        json_schema_extra=_validations(rules.NO_DOT_DOT_RULE),
+        json_schema_extra=validations(rules.NO_DOT_DOT_RULE),
         **field,
     )
 
 
-class HostPathSource(_Model):
+class HostPathSource(Model):
     """A checkpoint directory on the node, mounted read-only."""
 
     path: Annotated[
@@ -75,7 +58,7 @@ class HostPathSource(_Model):
     ]
 
 
-class PVCSource(_Model):
+class PVCSource(Model):
     """A checkpoint on a PersistentVolumeClaim, mounted read-only."""
 
     claim_name: Annotated[
@@ -98,7 +81,7 @@ class PVCSource(_Model):
     ]
 
 
-class DummySource(_Model):
+class DummySource(Model):
     """Seeded random weights of a named shape: no checkpoint needed (benchmarks, demos)."""
 
     preset: Annotated[
@@ -107,29 +90,112 @@ class DummySource(_Model):
     ] = "llama-tiny"
 
 
-class ModelSource(_Model):
-    """Where the weights come from: exactly one of hostPath, pvc or dummy."""
+# an http(s) URL that is not link-local (CEL at admission, rules.prometheus_url when parsed)
+HttpURL = Annotated[
+    str | None, AfterValidator(lambda url: url if url is None else rules.prometheus_url(url))
+]
+
+
+def _url(description: str) -> Any:
+    return Field(
+        max_length=2048,
+        description=description,
+        json_schema_extra=validations(*rules.PROMETHEUS_URL_RULES),
+    )
+
+
+HF_REPO = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}(/[A-Za-z0-9][A-Za-z0-9._-]{0,95})?$"
+HF_REVISION = r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,254}$"
+
+
+class SecretKey(Model):
+    """A key of a Secret in the endpoint's namespace."""
+
+    name: Annotated[
+        str,
+        Field(
+            min_length=1,
+            max_length=253,
+            pattern=rules.DNS_SUBDOMAIN,
+            description="Name of the Secret.",
+        ),
+    ]
+    key: Annotated[
+        str, Field(min_length=1, max_length=253, description="Key of the token in the Secret.")
+    ] = "HF_TOKEN"
+
+
+class HuggingFaceSource(Model):
+    """A Hugging Face Hub repository, downloaded by an init container into the model volume in
+    the Hub's cache layout (huggingface_hub's snapshot_download; HF_ENDPOINT selects a mirror)."""
+
+    repo: Annotated[
+        str,
+        Field(
+            min_length=1,
+            max_length=192,
+            pattern=HF_REPO,
+            description="Repository id, e.g. Qwen/Qwen2.5-0.5B-Instruct.",
+        ),
+    ]
+    revision: Annotated[
+        str,
+        Field(
+            max_length=255,
+            pattern=HF_REVISION,
+            description="Branch, tag or commit; a new one rolls the replicas onto it.",
+        ),
+    ] = "main"
+    token_secret: Annotated[
+        SecretKey | None,
+        Field(
+            description="Secret key holding the Hub token (HF_TOKEN), for private or gated repos."
+        ),
+    ] = None
+    endpoint: Annotated[
+        HttpURL, _url("Hub URL (HF_ENDPOINT), e.g. a mirror (default: the Hub's).")
+    ] = None
+    claim_name: Annotated[
+        str | None,
+        Field(
+            max_length=253,
+            pattern=rules.DNS_SUBDOMAIN,
+            description="PersistentVolumeClaim to keep the download on, filled once and reused "
+            "by every replica and restart (ReadWriteMany for several nodes); unset: an emptyDir "
+            "per pod.",
+        ),
+    ] = None
+
+
+SOURCE_MESSAGE = "model.source must set exactly one of hostPath, pvc, dummy or huggingface"
+
+
+class ModelSource(Model):
+    """Where the weights come from: exactly one of hostPath, pvc, dummy or huggingface."""
 
     model_config = ConfigDict(
-        json_schema_extra=_rules(
+        json_schema_extra=rules_of(
             (
-                "[has(self.hostPath), has(self.pvc), has(self.dummy)].filter(x, x).size() == 1",
-                "model.source must set exactly one of hostPath, pvc or dummy",
+                "[has(self.hostPath), has(self.pvc), has(self.dummy), has(self.huggingface)]"
+                ".filter(x, x).size() == 1",
+                SOURCE_MESSAGE,
             )
         )
     )
     host_path: HostPathSource | None = None
     pvc: PVCSource | None = None
     dummy: DummySource | None = None
+    huggingface: HuggingFaceSource | None = None
 
     @model_validator(mode="after")
     def _exactly_one(self) -> ModelSource:
-        if sum(x is not None for x in (self.host_path, self.pvc, self.dummy)) != 1:
-            raise ValueError("model.source must set exactly one of hostPath, pvc or dummy")
+        sources = (self.host_path, self.pvc, self.dummy, self.huggingface)
+        if sum(x is not None for x in sources) != 1:
+            raise ValueError(SOURCE_MESSAGE)
         return self
 
 
-class ModelSpec(_Model):
+class ModelSpec(Model):
     """The model the endpoint serves."""
 
     name: Annotated[
@@ -151,7 +217,7 @@ class ModelSpec(_Model):
 # --- spec.engine --------------------------------------------------------------------------
 
 
-class EngineSpec(_Model):
+class EngineSpec(Model):
     """The inference engine each replica runs."""
 
     image: (
@@ -161,12 +227,12 @@ class EngineSpec(_Model):
                 min_length=1,
                 max_length=512,
                 description=(
-                    f"Engine image (default: {ENGINE_IMAGE} for kind kvscale, "
+                    "Engine image, pinned; unset, the endpoint follows the operator's default "
+                    "for its kind (an operator upgrade or a changed default rolls it) "
+                    f"(this version's defaults: {ENGINE_IMAGE} for kind kvscale, "
                     f"{VLLM_IMAGE} for kind vllm)."
                 ),
-                json_schema_extra=_validations(
-                    rules.matches_rule(rules.IMAGE, rules.IMAGE_MESSAGE)
-                ),
+                json_schema_extra=validations(rules.matches_rule(rules.IMAGE, rules.IMAGE_MESSAGE)),
             ),
             AfterValidator(rules.image_reference),
         ]
@@ -210,7 +276,7 @@ class EngineSpec(_Model):
                 Field(
                     max_length=1024,
                     description="One argument: a flag (--name, --name=value) or a value.",
-                    json_schema_extra=_validations(
+                    json_schema_extra=validations(
                         rules.matches_rule(rules.ARGUMENT, rules.ARGUMENT_MESSAGE),
                         rules.matches_rule(
                             rules.MANAGED_FLAG, rules.MANAGED_FLAG_MESSAGE, negate=True
@@ -223,12 +289,11 @@ class EngineSpec(_Model):
         Field(max_length=64, description="Appended to the engine's arguments."),
     ] = []
 
-    @property
-    def container_image(self) -> str:
-        """The image replicas run: `image`, else the engine kind's own."""
+    def container_image(self, defaults: DefaultImages) -> str:
+        """The image replicas run: the pinned `image`, else the operator's default for the kind."""
         if self.image is not None:
             return self.image
-        return VLLM_IMAGE if self.kind == "vllm" else ENGINE_IMAGE
+        return defaults.for_kind(self.kind)
 
 
 # --- spec.resources -----------------------------------------------------------------------
@@ -236,16 +301,16 @@ class EngineSpec(_Model):
 # int-or-string, as in Pod specs (`cpu: 4`); rendered into the pod spec as a string
 Quantity = Annotated[
     int | str,
-    Field(json_schema_extra=_validations(*rules.QUANTITY_RULES)),
+    Field(json_schema_extra=validations(*rules.QUANTITY_RULES)),
     AfterValidator(rules.positive_quantity),
 ]
 
 
-class ResourcesSpec(_Model):
+class ResourcesSpec(Model):
     """What each replica requests (requests equal limits)."""
 
     model_config = ConfigDict(
-        json_schema_extra=_rules(
+        json_schema_extra=rules_of(
             (
                 "!has(self.gpuType) || self.gpusPerReplica > 0",
                 GPU_TYPE_MESSAGE,
@@ -285,7 +350,7 @@ class ResourcesSpec(_Model):
 # --- spec.slo / trafficClasses ------------------------------------------------------------
 
 
-class SLOSpec(_Model):
+class SLOSpec(Model):
     """The latency targets interactive requests are served within."""
 
     ttft_p99_seconds: Annotated[
@@ -324,11 +389,11 @@ TOO_MANY_DEFERRABLE = f"at most {MAX_DEFERRABLE_CLASSES} trafficClasses may set 
 # An interactive class (no deadline) carries the latency SLO and is admitted or refused at once;
 # a deferrable class (deadlineSeconds) is held by the router, earliest deadline first, and released
 # into spare capacity, and the capacity law counts only the rate its deadlines require.
-class TrafficClass(_Model):
+class TrafficClass(Model):
     """One class of requests: its priority, how long it may queue, and (deferrable) its deadline."""
 
     model_config = ConfigDict(
-        json_schema_extra=_rules(
+        json_schema_extra=rules_of(
             (
                 "!has(self.deadlineSeconds) || !has(self.maxQueueWaitSeconds) "
                 "|| self.maxQueueWaitSeconds >= self.deadlineSeconds",
@@ -408,11 +473,11 @@ class TrafficClass(_Model):
 # --- spec.scaling / cost ------------------------------------------------------------------
 
 
-class SignalsSpec(_Model):
+class SignalsSpec(Model):
     """Where the controllers read the replicas' metrics."""
 
     model_config = ConfigDict(
-        json_schema_extra=_rules(
+        json_schema_extra=rules_of(
             (
                 "self.source != 'prometheus' || has(self.prometheusUrl)",
                 "scaling.signals.prometheusUrl is required when source is prometheus",
@@ -424,21 +489,15 @@ class SignalsSpec(_Model):
         Field(description="Scrape replicas' /metrics directly, or query Prometheus."),
     ] = "direct"
     prometheus_url: Annotated[
-        str | None,
-        Field(
-            max_length=2048,
-            description="Base URL of the Prometheus HTTP API (http or https, not link-local).",
-            json_schema_extra=_validations(*rules.PROMETHEUS_URL_RULES),
-        ),
-        AfterValidator(lambda url: url if url is None else rules.prometheus_url(url)),
+        HttpURL, _url("Base URL of the Prometheus HTTP API (http or https, not link-local).")
     ] = None
 
 
-class ScalingSpec(_Model):
+class ScalingSpec(Model):
     """The capacity and routing controllers' bounds and timing."""
 
     model_config = ConfigDict(
-        json_schema_extra=_rules(
+        json_schema_extra=rules_of(
             (
                 "self.minReplicas <= self.maxReplicas",
                 "scaling.minReplicas must not exceed scaling.maxReplicas",
@@ -515,7 +574,7 @@ class ScalingSpec(_Model):
         return self
 
 
-class CostSpec(_Model):
+class CostSpec(Model):
     """Prices for the cost figures in status.cost."""
 
     gpu_hour_price: Annotated[
@@ -529,11 +588,11 @@ class CostSpec(_Model):
 # --- the endpoint -------------------------------------------------------------------------
 
 
-class LLMEndpointSpec(_Model):
+class LLMEndpointSpec(Model):
     """The desired state of an LLM inference endpoint."""
 
     model_config = ConfigDict(
-        json_schema_extra=_rules(
+        json_schema_extra=rules_of(
             (
                 "!has(self.replicas) || !has(self.scaling) "
                 "|| self.replicas <= self.scaling.maxReplicas",
@@ -577,6 +636,7 @@ class LLMEndpointSpec(_Model):
     ] = []
     scaling: ScalingSpec = ScalingSpec()
     cost: CostSpec = CostSpec()
+    pod_template: Annotated[PodTemplate | None, Field(description=POD_TEMPLATE_DESCRIPTION)] = None
     replicas: Annotated[
         int | None,
         Field(

@@ -10,14 +10,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvscale.api import v1alpha1 as api
+from kvscale.api.images import DEFAULTS, DefaultImages
+from kvscale.children import overrides
 from kvscale.children.engine_args import (
     DRAIN_SECONDS,
     ENDPOINTS,
     ENGINE_PORT,
+    HUB_CACHE,
     MODEL_MOUNT,
     SHUTDOWN_GRACE_SECONDS,
     engine_args,
     engine_env,
+    hub_link,
 )
 
 JSON = dict[str, Any]
@@ -28,6 +32,7 @@ ROLE_LABEL = "kvscale.io/role"
 GRACE_SECONDS = SHUTDOWN_GRACE_SECONDS + DRAIN_SECONDS + 15
 STARTUP_PERIOD_SECONDS = 2
 SHM_SIZE = "2Gi"  # vLLM's workers exchange tensors through /dev/shm (64 MiB by default)
+FETCH_CONTAINER = "fetch-model"  # the init container of a huggingface source
 
 
 @dataclass(frozen=True)
@@ -135,7 +140,64 @@ def _model_volume(spec: api.LLMEndpointSpec) -> tuple[list[JSON], list[JSON]]:
         }
         mount = {"name": "model", "mountPath": MODEL_MOUNT, "readOnly": True}
         return [volume], [mount]
+    if source.huggingface is not None:  # filled by the init container, read-only to the engine
+        claim = source.huggingface.claim_name
+        where = {"persistentVolumeClaim": {"claimName": claim}} if claim else {"emptyDir": {}}
+        return [{"name": "model", **where}], [
+            {"name": "model", "mountPath": MODEL_MOUNT, "readOnly": True}
+        ]
     return [], []
+
+
+def kvscale_image(spec: api.LLMEndpointSpec, images: DefaultImages) -> str:
+    """An image of kvscale's own (engine, router, fetch): the engine's for a kvscale engine,
+    else the operator's default engine image."""
+    return spec.engine.container_image(images) if spec.engine.kind == "kvscale" else images.engine
+
+
+def fetch_container(spec: api.LLMEndpointSpec, images: DefaultImages) -> JSON | None:
+    """The init container that downloads a huggingface source into the model volume (the Hub's
+    cache layout, so a claim is filled once: later pods download only what changed)."""
+    source = spec.model.source.huggingface
+    if source is None:
+        return None
+    env: list[JSON] = [
+        {"name": "HOME", "value": "/tmp"},
+        {"name": "HF_HUB_OFFLINE", "value": "0"},  # the image runs offline by default
+        {"name": "HF_HUB_DISABLE_TELEMETRY", "value": "1"},
+        {"name": "HF_HUB_DISABLE_PROGRESS_BARS", "value": "1"},
+    ]
+    if source.endpoint:
+        env.append({"name": "HF_ENDPOINT", "value": source.endpoint})
+    if source.token_secret is not None:
+        ref = {"name": source.token_secret.name, "key": source.token_secret.key}
+        env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": ref}})
+    return {
+        "name": FETCH_CONTAINER,
+        "image": kvscale_image(spec, images),
+        "command": ["kvscale-engine"],
+        "args": [
+            "fetch",
+            "--repo",
+            source.repo,
+            "--revision",
+            source.revision,
+            "--cache-dir",
+            HUB_CACHE,
+            "--link",
+            hub_link(source),
+        ],
+        "env": env,
+        "resources": {
+            "requests": {"cpu": "100m", "memory": "256Mi"},
+            "limits": {"memory": "2Gi"},
+        },
+        "securityContext": restricted_security(),
+        "volumeMounts": [
+            {"name": "tmp", "mountPath": "/tmp"},
+            {"name": "model", "mountPath": MODEL_MOUNT},
+        ],
+    }
 
 
 def probe(path: str, period: int, failures: int) -> JSON:
@@ -148,12 +210,12 @@ def probe(path: str, period: int, failures: int) -> JSON:
     }
 
 
-def _engine_container(spec: api.LLMEndpointSpec) -> JSON:
+def _engine_container(spec: api.LLMEndpointSpec, images: DefaultImages) -> JSON:
     _, mounts = _model_volume(spec)
     paths = ENDPOINTS[spec.engine.kind]
     container: JSON = {
         "name": "engine",
-        "image": spec.engine.container_image,
+        "image": spec.engine.container_image(images),
         "args": engine_args(spec),
         "ports": [{"name": "http", "containerPort": ENGINE_PORT, "protocol": "TCP"}],
         "env": engine_env(spec),
@@ -174,10 +236,17 @@ def _engine_container(spec: api.LLMEndpointSpec) -> JSON:
     return container
 
 
-def engine_deployment(owner: Owner, spec: api.LLMEndpointSpec, replicas: int) -> JSON:
+def engine_deployment(
+    owner: Owner,
+    spec: api.LLMEndpointSpec,
+    replicas: int,
+    images: DefaultImages = DEFAULTS,
+) -> JSON:
+    """The engine Deployment: a rolling update (one surge pod, none unavailable, gated on
+    readiness) rolls the replicas whenever the template changes, a new default image included."""
     volumes, _ = _model_volume(spec)
     pod_spec: JSON = {
-        "containers": [_engine_container(spec)],
+        "containers": [_engine_container(spec, images)],
         "terminationGracePeriodSeconds": GRACE_SECONDS,
         "securityContext": {
             "runAsNonRoot": True,
@@ -190,6 +259,9 @@ def engine_deployment(owner: Owner, spec: api.LLMEndpointSpec, replicas: int) ->
     if spec.engine.kind == "vllm":
         shm = {"medium": "Memory", "sizeLimit": SHM_SIZE}
         pod_spec["volumes"].append({"name": "dshm", "emptyDir": shm})
+    fetch = fetch_container(spec, images)
+    if fetch is not None:
+        pod_spec["initContainers"] = [fetch]
     if spec.resources.gpus_per_replica:
         pod_spec["tolerations"] = [
             {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
@@ -207,18 +279,21 @@ def engine_deployment(owner: Owner, spec: api.LLMEndpointSpec, replicas: int) ->
                 "type": "RollingUpdate",
                 "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
             },
-            "template": {
-                "metadata": {
-                    "labels": labels(owner.name),
-                    "annotations": {
-                        "prometheus.io/scrape": "true",
-                        "prometheus.io/port": str(ENGINE_PORT),
-                        "prometheus.io/path": "/metrics",
-                        "kvscale.io/model": spec.model.name,
+            "template": overrides.pod_template(
+                {
+                    "metadata": {
+                        "labels": labels(owner.name),
+                        "annotations": {
+                            "prometheus.io/scrape": "true",
+                            "prometheus.io/port": str(ENGINE_PORT),
+                            "prometheus.io/path": "/metrics",
+                            "kvscale.io/model": spec.model.name,
+                        },
                     },
+                    "spec": pod_spec,
                 },
-                "spec": pod_spec,
-            },
+                spec.pod_template,
+            ),
         },
     }
 
@@ -239,10 +314,16 @@ def engine_pdb(owner: Owner) -> JSON:
     }
 
 
-def render(owner: Owner, spec: api.LLMEndpointSpec, replicas: int) -> list[JSON]:
-    """Every child of the endpoint, in the order they are applied."""
+def render(
+    owner: Owner,
+    spec: api.LLMEndpointSpec,
+    replicas: int,
+    images: DefaultImages = DEFAULTS,
+) -> list[JSON]:
+    """Every child of the endpoint, in the order they are applied; `images` are the operator's
+    defaults for an endpoint that pins none."""
     return [
         engine_service(owner),
         engine_pdb(owner),
-        engine_deployment(owner, spec, replicas),
+        engine_deployment(owner, spec, replicas, images),
     ]

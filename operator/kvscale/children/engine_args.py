@@ -54,6 +54,17 @@ ENDPOINTS = {
 GIB = 1024**3
 
 
+HUB_CACHE = f"{MODEL_MOUNT}/hub"  # the Hub's cache layout: models--org--name/snapshots/<commit>
+
+
+def hub_link(source: api.HuggingFaceSource) -> str:
+    """Where the init container links the revision's snapshot: one path per repo and revision,
+    so a new revision changes the engine's arguments (and rolls the replicas) and endpoints
+    sharing a claim do not clash."""
+    repo, revision = (x.replace("/", "--") for x in (source.repo, source.revision))
+    return f"{MODEL_MOUNT}/kvscale/{repo}@{revision}"
+
+
 def model_location(spec: api.LLMEndpointSpec) -> str:
     """Where the engine finds the checkpoint inside its container."""
     source = spec.model.source
@@ -61,6 +72,8 @@ def model_location(spec: api.LLMEndpointSpec) -> str:
         return source.host_path.path
     if source.pvc is not None:
         return f"{MODEL_MOUNT}/{source.pvc.sub_path}".rstrip("/")
+    if source.huggingface is not None:
+        return hub_link(source.huggingface)
     assert source.dummy is not None
     return f"dummy:{source.dummy.preset}"
 

@@ -12,10 +12,13 @@ from __future__ import annotations
 import json
 
 from kvscale.api import v1alpha1 as api
+from kvscale.api.images import DEFAULTS, DefaultImages
+from kvscale.children import overrides
 from kvscale.children.engine import (
     JSON,
     Owner,
     http_service,
+    kvscale_image,
     labels,
     metadata,
     probe,
@@ -49,10 +52,10 @@ def router_replicas(spec: api.LLMEndpointSpec) -> int:
     return 2 if max(most, spec.scaling.max_replicas) >= 2 else 1
 
 
-def router_image(spec: api.LLMEndpointSpec) -> str:
+def router_image(spec: api.LLMEndpointSpec, images: DefaultImages) -> str:
     """The image the router runs from: kvscale's engine image holds the router too (another
-    command), so the engine's own image for a kvscale engine, else the one of this version."""
-    return spec.engine.container_image if spec.engine.kind == "kvscale" else api.ENGINE_IMAGE
+    command), so the engine's own image for a kvscale engine, else the operator's default one."""
+    return kvscale_image(spec, images)
 
 
 def router_args(owner: Owner, spec: api.LLMEndpointSpec) -> list[str]:
@@ -106,10 +109,10 @@ def role_binding(owner: Owner) -> JSON:
     }
 
 
-def _container(owner: Owner, spec: api.LLMEndpointSpec) -> JSON:
+def _container(owner: Owner, spec: api.LLMEndpointSpec, images: DefaultImages) -> JSON:
     return {
         "name": ROLE,
-        "image": router_image(spec),
+        "image": router_image(spec, images),
         "command": [ROUTER_COMMAND],
         "args": router_args(owner, spec),
         "ports": [{"name": "http", "containerPort": ROUTER_PORT, "protocol": "TCP"}],
@@ -125,7 +128,9 @@ def _container(owner: Owner, spec: api.LLMEndpointSpec) -> JSON:
     }
 
 
-def router_deployment(owner: Owner, spec: api.LLMEndpointSpec) -> JSON:
+def router_deployment(
+    owner: Owner, spec: api.LLMEndpointSpec, images: DefaultImages = DEFAULTS
+) -> JSON:
     match = selector_labels(owner.name, ROLE)
     spread = {
         "weight": 100,
@@ -154,22 +159,25 @@ def router_deployment(owner: Owner, spec: api.LLMEndpointSpec) -> JSON:
                         "prometheus.io/path": "/metrics",
                     },
                 },
-                "spec": {
-                    "serviceAccountName": router_name(owner.name),
-                    "automountServiceAccountToken": True,  # it watches the API
-                    "containers": [_container(owner, spec)],
-                    "terminationGracePeriodSeconds": ROUTER_DRAIN_SECONDS + 5,
-                    "affinity": {
-                        "podAntiAffinity": {
-                            "preferredDuringSchedulingIgnoredDuringExecution": [spread]
-                        }
+                "spec": overrides.pull_secrets(
+                    {
+                        "serviceAccountName": router_name(owner.name),
+                        "automountServiceAccountToken": True,  # it watches the API
+                        "containers": [_container(owner, spec, images)],
+                        "terminationGracePeriodSeconds": ROUTER_DRAIN_SECONDS + 5,
+                        "affinity": {
+                            "podAntiAffinity": {
+                                "preferredDuringSchedulingIgnoredDuringExecution": [spread]
+                            }
+                        },
+                        "securityContext": {
+                            "runAsNonRoot": True,
+                            "seccompProfile": {"type": "RuntimeDefault"},
+                        },
+                        "volumes": [{"name": "tmp", "emptyDir": {}}],
                     },
-                    "securityContext": {
-                        "runAsNonRoot": True,
-                        "seccompProfile": {"type": "RuntimeDefault"},
-                    },
-                    "volumes": [{"name": "tmp", "emptyDir": {}}],
-                },
+                    spec.pod_template,
+                ),
             },
         },
     }
@@ -188,7 +196,9 @@ def routing_configmap(owner: Owner) -> JSON:
     }
 
 
-def render_router(owner: Owner, spec: api.LLMEndpointSpec) -> list[JSON]:
+def render_router(
+    owner: Owner, spec: api.LLMEndpointSpec, images: DefaultImages = DEFAULTS
+) -> list[JSON]:
     """Every router child, in the order they are applied (RBAC before the pods that use it)."""
     return [
         service_account(owner),
@@ -196,5 +206,5 @@ def render_router(owner: Owner, spec: api.LLMEndpointSpec) -> list[JSON]:
         role_binding(owner),
         routing_configmap(owner),
         router_service(owner),
-        router_deployment(owner, spec),
+        router_deployment(owner, spec, images),
     ]

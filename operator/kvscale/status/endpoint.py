@@ -79,7 +79,46 @@ def _pod_problems(pods: Iterable[JSON]) -> tuple[list[str], list[Problem]]:
             if why in _FAILING_WAITS:
                 detail = f"{name}: {why}: {waiting.get('message', '')}".rstrip(": ")
                 failing.append(Problem(_FAILING_WAITS[why], detail))
+        failing += _init_problems(name, pod.get("status", {}).get("initContainerStatuses", []))
     return unschedulable, failing
+
+
+# what an init container's exit code means: `kvscale-engine fetch` (kvscale_engine.fetch) exits
+# with these, a contract test checks they agree
+FETCH_FAILURES = {
+    3: (
+        "ModelNotFound",
+        "the Hub has no such repository or revision (check model.source.huggingface.repo and "
+        "revision; a private repository needs tokenSecret)",
+    ),
+    4: (
+        "ModelAccessDenied",
+        "the Hub refused the token (check the Secret model.source.huggingface.tokenSecret names)",
+    ),
+}
+FETCH_FAILED = ("ModelFetchFailed", "downloading the model failed (see the init container's log)")
+
+
+def _init_problems(pod: str, statuses: Iterable[JSON]) -> list[Problem]:
+    """An init container that exited with an error, now or before its back-off restart."""
+    found: list[Problem] = []
+    for cs in statuses:
+        state, last = cs.get("state", {}), cs.get("lastState", {})
+        waiting = state.get("waiting", {}).get("reason", "")
+        if waiting in _FAILING_WAITS and waiting != "CrashLoopBackOff":  # e.g. no such Secret
+            message = state["waiting"].get("message", "")
+            detail = f"{pod}: init container {cs['name']}: {waiting}: {message}".rstrip(": ")
+            found.append(Problem(_FAILING_WAITS[waiting], detail))
+            continue
+        ended = state.get("terminated") or last.get("terminated") or {}
+        code = ended.get("exitCode", 0)
+        if code == 0 or state.get("terminated", {}).get("exitCode") == 0:
+            continue
+        reason, meaning = FETCH_FAILURES.get(code, FETCH_FAILED)
+        found.append(
+            Problem(reason, f"{pod}: init container {cs['name']} exited {code}: {meaning}")
+        )
+    return found
 
 
 def conditions(desired: int, seen: Observed, problems: list[Problem]) -> list[Cond]:
@@ -146,10 +185,14 @@ def compute(
     old: JSON,
     now: str,
     extra: list[Cond] | None = None,
+    images: JSON | None = None,
 ) -> JSON:
-    """The status fields the reconcile owns; `extra` are conditions the loops concluded."""
+    """The status fields the reconcile owns; `extra` are conditions the loops concluded,
+    `images` what the endpoint's Deployments run (`status.images`)."""
     conds = [*conditions(desired, seen, problems), *(extra or [])]
+    images_field = {"images": images} if images else {}
     return {
+        **images_field,
         "observedGeneration": generation,
         "replicas": seen.replicas,
         "readyReplicas": seen.ready,

@@ -74,7 +74,17 @@ def test_crd_has_subresources_and_columns() -> None:
     # a path the server always fills: GET /scale fails where the field is absent
     assert version["subresources"]["scale"]["specReplicasPath"] == ".spec.scaling.minReplicas"
     names = [c["name"] for c in version["additionalPrinterColumns"]]
-    assert names == ["Model", "URL", "Desired", "Ready", "Available", "SLO", "Reason", "Age"]
+    assert names == [
+        "Model",
+        "URL",
+        "Desired",
+        "Ready",
+        "Available",
+        "SLO",
+        "Image",
+        "Reason",
+        "Age",
+    ]
     conds = version["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]["conditions"]
     assert conds["x-kubernetes-list-type"] == "map"
     assert conds["x-kubernetes-list-map-keys"] == ["type"]

@@ -103,8 +103,8 @@ def test_router_runs_the_engine_image_with_its_own_command() -> None:
         OWNER, spec(engine={"image": "vllm/vllm-openai:v0.6", "kind": "vllm"})
     )
     routed = vllm["spec"]["template"]["spec"]["containers"][0]
-    # vLLM's image has no router: kvscale's engine image of this version (which `make image`
-    # builds) runs it, with the router's command
+    # vLLM's image has no router: the operator's default engine image (by default this version's,
+    # which `make image` builds) runs it, with the router's command
     assert routed["image"] == f"kvscale/engine:{__version__}"
     assert routed["command"] == ["kvscale-router"]
 

@@ -149,7 +149,7 @@ def test_a_spec_the_operator_cannot_use_degrades_without_api_calls() -> None:
     }
     outcome = reconcile(Kube(api_client=None), body)  # type: ignore[arg-type]
     assert outcome.invalid is not None
-    assert "exactly one of hostPath, pvc or dummy" in outcome.invalid
+    assert "exactly one of hostPath, pvc, dummy or huggingface" in outcome.invalid
     assert "minReplicas must not exceed" in outcome.invalid
     degraded = find(outcome.status["conditions"], "Degraded")
     assert degraded is not None and degraded["reason"] == "InvalidSpec"
