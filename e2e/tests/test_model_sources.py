@@ -47,8 +47,17 @@ def clear_downloads() -> None:
             shutil.rmtree(found)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def host_models() -> Iterator[None]:
+    """The host's /models goes again after the module when the tests made it."""
+    made = not HOST_MODELS.exists()
+    yield
+    if made:
+        shutil.rmtree(HOST_MODELS, ignore_errors=True)
+
+
 @pytest.fixture(autouse=True)
-def fresh_downloads() -> Iterator[None]:
+def fresh_downloads(host_models: None) -> Iterator[None]:
     clear_downloads()
     yield
     clear_downloads()
