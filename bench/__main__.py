@@ -29,6 +29,7 @@ BENCHMARKS = {
     "engine_vs_vllm": "bench.engine_vs_vllm",
     "peer_client": "bench.peer_client",
     "admission": "bench.admission",
+    "deferred_preemption": "bench.deferred_preemption",
     "operator_scale": "bench.operator_scale",
     "service_proxy": "bench.service_proxy",
     "router_overhead": "bench.router_overhead",

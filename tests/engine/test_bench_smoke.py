@@ -62,3 +62,25 @@ def test_gpu_check_code_runs_on_the_cpu() -> None:
     assert result["continuous_vs_hf_static"] > 0
     assert result["hf_static"]["batch_size"] in {int(b) for b in result["hf_batch_size_sweep"]}
     assert result["kvscale_continuous"]["output_tokens"] == result["hf_static"]["output_tokens"]
+
+
+def test_deferred_preemption_benchmark_runs_in_quick_mode(tmp_path: Path) -> None:
+    result = run_quick(["deferred_preemption"], tmp_path, 300)["deferred_preemption"]
+    keys = {
+        "preemptions_per_interactive_request", "preemptions_per_s", "deferred_completed",
+        "deferred_output_tokens_per_s", "interactive_refused_or_failed",
+        "ratio_with_to_without_backlog", "with_backlog", "without_backlog", "engine", "machine",
+    }  # fmt: skip
+    assert keys <= result.keys()
+    assert result["interactive_refused_or_failed"] == 0
+    for run in ("with_backlog", "without_backlog"):
+        interactive = result[run]["interactive"]
+        assert interactive["failed"] == interactive["refused"] == 0, run
+        assert interactive["completed"] == interactive["requests"] > 0, run
+    backlog = result["with_backlog"]["deferred"]
+    assert backlog["sent"] > 0 and backlog["failed"] == 0 and backlog["output_tokens"] > 0
+    assert result["without_backlog"]["deferred"]["preempted"] == 0
+    assert set(result["ratio_with_to_without_backlog"]) == {
+        "p50_ttft_s", "p99_ttft_s", "p50_itl_s", "p99_itl_s",
+    }  # fmt: skip
+    assert result["engine"]["num_kv_blocks"] > 0 and result["engine"]["torch_threads"] == 1

@@ -180,9 +180,13 @@ class Scheduler:
         return bm.can_allocate(seq, computed + first, prefix)
 
     def _admission_order(self) -> list[Sequence]:
-        """Higher priority first; waiting ages a sequence up one class every N steps."""
+        """Higher priority first; waiting ages a sequence up one class every N steps, but never
+        lifts deferred work past an interactive request (it would take the place `_make_way` just
+        freed for that request, step after step)."""
         aging = self.config.priority_aging_steps
-        return sorted(self.waiting, key=lambda s: -(s.priority + s.waiting_steps // aging))
+        return sorted(
+            self.waiting, key=lambda s: (s.preemptible, -(s.priority + s.waiting_steps // aging))
+        )
 
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)

@@ -135,6 +135,18 @@ def test_only_preemptible_work_of_lower_priority_makes_way() -> None:
     assert late.status is SequenceStatus.WAITING and s2.num_preemptions == 0
 
 
+def test_deferred_work_that_waited_long_does_not_take_an_arrivals_place() -> None:
+    s, runner = make(num_blocks=1024, max_num_seqs=2, priority_aging_steps=2)
+    for n in range(4):  # two run, two wait and age past every interactive class
+        deferred(s, f"d{n}", 4, max_tokens=400, arrival=float(n))
+    for _ in range(20):
+        step(s, runner)
+    assert s.num_preemptions == 0
+    urgent = add(s, "interactive", 4, max_tokens=4, priority=0, arrival=9.0)
+    step(s, runner)
+    assert urgent.status is SequenceStatus.RUNNING and s.num_preemptions == 1
+
+
 def test_within_a_priority_the_newest_arrival_is_preempted() -> None:
     s, runner = make(num_blocks=6)
     old_batch = add(s, "old-batch", 7, max_tokens=8, priority=0, arrival=1.0)
