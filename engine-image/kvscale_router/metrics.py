@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import platform
+import time
 from collections.abc import Iterable
 from importlib import metadata
 
@@ -10,6 +11,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 # the time the router itself adds: tenths of a millisecond up to a tenth of a second
 ADDED_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25)
+# a replica missing from the weights (gone, or not Ready) keeps its series this long, idle
+FORGET_AFTER_S = 600.0
 WAIT_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 
 
@@ -99,28 +102,56 @@ class RouterMetrics:
             f"{p}build_info", "1, labelled with the router's version",
             ["version", "python_version"], registry=r)  # fmt: skip
         self.build_info.labels(version(), platform.python_version()).set(1)
+        self._missing_since: dict[str, float] = {}  # replica -> when it left the weights
 
-    def show_weights(self, weights: dict[str, float], busy: Iterable[str] = ()) -> None:
-        """Publish the known replicas' weights; a replica that is gone loses its weight, and its
-        other series once it has no request in flight (`busy` names those that have)."""
-        self.forget_replicas(set(weights) | set(busy))
-        for (name,) in _children(self.weight, ("replica",)) - {(n,) for n in weights}:
-            self.weight.remove(name)
+    def show_weights(
+        self, weights: dict[str, float], busy: Iterable[str] = (), now: float | None = None
+    ) -> None:
+        """Publish the known replicas' weights. A replica missing from them (gone, or not Ready
+        for a while: a crashed engine restarting) is shown at weight 0 at once, and its series
+        are removed once it has been missing and idle (no request in flight: `busy`) for
+        FORGET_AFTER_S: long enough for the errors of its last moments to be scraped, and for a
+        restart not to reset its counters, yet a scale-in's or a rollout's pods do not pile up."""
+        now = time.monotonic() if now is None else now
+        here = set(weights) | set(busy)
+        for name in here:
+            self._missing_since.pop(name, None)
+        labelled = {values[0] for values in _children(self.weight, ("replica",))}
+        for name in labelled - set(weights):
+            self.weight.labels(name).set(0.0)
+        for name in self._labelled_replicas() - here:
+            self._missing_since.setdefault(name, now)
+        gone = {n for n, since in self._missing_since.items() if now - since >= FORGET_AFTER_S}
+        if gone:
+            self.forget_replicas(self._labelled_replicas() - gone)
+            for name in gone:
+                del self._missing_since[name]
         for name, value in weights.items():
             self.weight.labels(name).set(value)
         self.routable.set(sum(1 for w in weights.values() if w > 0))
 
-    def forget_replicas(self, keep: set[str]) -> None:
-        """Remove the series of every replica not in `keep` (the router's own answers, labelled
-        with an empty replica, stay)."""
-        for metric, names in (
+    def _labelled_replicas(self) -> set[str]:
+        return {
+            values[0]
+            for metric, names in self._per_replica()
+            for values in _children(metric, names)
+            if values[0]
+        }
+
+    def _per_replica(self) -> tuple[tuple[Counter | Gauge, tuple[str, ...]], ...]:
+        return (
             (self.requests, ("replica", "code")),
             (self.picks, ("replica", "rule")),
             (self.upstream_errors, ("replica", "kind")),
             (self.in_flight, ("replica",)),
             (self.outstanding_tokens, ("replica",)),
             (self.weight, ("replica",)),
-        ):
+        )
+
+    def forget_replicas(self, keep: set[str]) -> None:
+        """Remove the series of every replica not in `keep` (the router's own answers, labelled
+        with an empty replica, stay)."""
+        for metric, names in self._per_replica():
             for values in _children(metric, names):
                 if values[0] and values[0] not in keep:
                     metric.remove(*values)
