@@ -1,11 +1,13 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
-from kvscale_cluster.fixtures import Cluster, kubectl
-from kvscale_cluster.install import install_kvscale, uninstall_kvscale
+from kvscale.kube import Kube
+from kvscale_cluster.fixtures import Cluster, kubectl, run_operator
+from kvscale_cluster.install import ROOT, install_kvscale, uninstall_kvscale
 
 pytest_plugins = ["kvscale_cluster.fixtures"]
 
@@ -18,3 +20,19 @@ def installed(cluster: Cluster) -> Iterator[None]:
         yield
     finally:
         uninstall_kvscale(lambda *args: kubectl(cluster, *args), crds=True)
+
+
+@pytest.fixture(scope="module")
+def operator(cluster: Cluster) -> Iterator[Any]:
+    """The operator in this process (Kopf's runner) with the CRD applied, for the module."""
+    crd = ROOT / "crds" / "llmendpoints.kvscale.io.yaml"
+    kubectl(cluster, "apply", "--server-side", "-f", str(crd))
+    kubectl(cluster, "wait", "--for=condition=Established", "crd/llmendpoints.kvscale.io")
+    with run_operator(cluster) as runner:
+        yield runner
+    assert runner.exception is None, runner.output
+
+
+@pytest.fixture
+def api(cluster: Cluster) -> Kube:
+    return Kube(cluster.api_client())

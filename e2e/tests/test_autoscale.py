@@ -10,20 +10,17 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import openai
-import pytest
 from load import Load, p99
 from scenario_helpers import weights
 
 from kvscale.kube import Kube
 from kvscale_cluster import process
 from kvscale_cluster.config import NodeConfig
-from kvscale_cluster.fixtures import Cluster, kubectl, run_operator, wait_for
-from kvscale_cluster.install import ROOT
+from kvscale_cluster.fixtures import Cluster, kubectl, wait_for
 from kvscale_cluster.ports import free_port
 from kvscale_cluster.prometheus import prometheus_binary
 
@@ -51,21 +48,6 @@ def endpoint(namespace: str, name: str = "chat", **over: Any) -> dict[str, Any]:
     for key, value in over.items():
         spec[key] = {**spec.get(key, {}), **value} if isinstance(value, dict) else value
     return {"apiVersion": API, "kind": "LLMEndpoint", "metadata": {"name": name}, "spec": spec}
-
-
-@pytest.fixture(scope="module")
-def operator(cluster: Cluster) -> Iterator[Any]:
-    crd = ROOT / "crds" / "llmendpoints.kvscale.io.yaml"
-    kubectl(cluster, "apply", "--server-side", "-f", str(crd))
-    kubectl(cluster, "wait", "--for=condition=Established", "crd/llmendpoints.kvscale.io")
-    with run_operator(cluster) as runner:
-        yield runner
-    assert runner.exception is None, runner.output
-
-
-@pytest.fixture
-def api(cluster: Cluster) -> Kube:
-    return Kube(cluster.api_client())
 
 
 def apply(cluster: Cluster, namespace: str, body: dict[str, Any]) -> None:

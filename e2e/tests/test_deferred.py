@@ -31,8 +31,7 @@ from load import Load, p99
 from test_autoscale import apply, endpoint, serving, status
 
 from kvscale.kube import Kube
-from kvscale_cluster.fixtures import Cluster, kubectl, run_operator, wait_for
-from kvscale_cluster.install import ROOT
+from kvscale_cluster.fixtures import Cluster, wait_for
 from kvscale_cluster.wait import GiveUp
 
 MODEL = "tiny"
@@ -90,21 +89,6 @@ def one_batch_request(url: str, n: int, deadline_s: int) -> Done:
     except openai.APIError as err:
         error = f"{type(err).__name__}: {err}"
     return Done(started, time.monotonic(), error)
-
-
-@pytest.fixture(scope="module")
-def operator(cluster: Cluster) -> Iterator[Any]:
-    crd = ROOT / "crds" / "llmendpoints.kvscale.io.yaml"
-    kubectl(cluster, "apply", "--server-side", "-f", str(crd))
-    kubectl(cluster, "wait", "--for=condition=Established", "crd/llmendpoints.kvscale.io")
-    with run_operator(cluster) as runner:
-        yield runner
-    assert runner.exception is None, runner.output
-
-
-@pytest.fixture
-def api(cluster: Cluster) -> Kube:
-    return Kube(cluster.api_client())
 
 
 @pytest.fixture

@@ -18,14 +18,13 @@ from typing import Any
 
 import openai
 import pytest
-from test_autoscale import API, apply, condition, operator, serving, status
+from test_autoscale import API, apply, condition, serving, status
 
 from kvscale.children.engine_args import MODEL_MOUNT
 from kvscale.kube import Kube
 from kvscale_cluster.fixtures import Cluster, kubectl, wait_for
 from kvscale_cluster.images import VENV_BIN
 
-__all__ = ["operator"]  # the fixture: the operator in this process, the CRD applied
 TOKEN = "hf_local_test_token"
 HUB_PORT = 8000
 ORG = "kvscale-e2e"  # what the tests download, and all they remove of the host's /models
@@ -61,11 +60,6 @@ def fresh_downloads(host_models: None) -> Iterator[None]:
     clear_downloads()
     yield
     clear_downloads()
-
-
-@pytest.fixture
-def api(cluster: Cluster) -> Kube:
-    return Kube(cluster.api_client())
 
 
 @pytest.fixture

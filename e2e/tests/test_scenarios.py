@@ -19,7 +19,6 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import pytest
 from scenario_helpers import (
     OPERATOR_NAMESPACE,
     OPERATOR_SELECTOR,
@@ -46,11 +45,6 @@ from kvscale_cluster.install import CRD_NAME, CRDS, uninstall_kvscale
 ENGINES = "kvscale.io/endpoint=chat,kvscale.io/role=engine"
 WEIGHT = "kvscale_router_replica_weight"  # what each router routes a replica with
 FAIL_FAST_S = 30.0  # a request on a dead replica ends long before the client's 120 s timeout
-
-
-@pytest.fixture
-def api(cluster: Cluster) -> Kube:
-    return Kube(cluster.api_client())
 
 
 def engine_deployment(api: Kube, namespace: str) -> dict[str, Any]:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
 from scenario_helpers import OPERATOR_NAMESPACE, TimedLoad, is_ready, pods
 from test_autoscale import API, MODEL, apply, endpoint, serving, status
 
@@ -25,11 +24,6 @@ from kvscale_cluster.fixtures import Cluster, kubectl, wait_for
 OLD = f"kvscale/engine:{__version__}"  # the manifests' default
 NEW = "registry.example.com/kvscale/engine:0.1.1"
 ENGINES = "kvscale.io/endpoint=chat,kvscale.io/role=engine"
-
-
-@pytest.fixture
-def api(cluster: Cluster) -> Kube:
-    return Kube(cluster.api_client())
 
 
 def image(dep: dict[str, Any] | None) -> str:
