@@ -1,8 +1,8 @@
 """A kube-proxy for the local cluster: Service ClusterIPs routed to Ready endpoints, and cluster
 DNS, driven by Services and EndpointSlices watched through the API.
 
-Why userspace: this machine has no iptables/nft binaries, and netfilter rules, ``ip_forward`` and
-``br_netfilter`` are machine-wide, shared by every cluster (and agent) on it. Instead each
+Why userspace: NAT rules, ``ip_forward`` and ``br_netfilter`` are machine-wide, shared by every
+cluster (and agent) on it. Instead each
 cluster's Service range (10.96.N.0/24 for slot N) is routed as *local* on its bridge
 (``netns.py``), so the host owns every ClusterIP and pods reach them through their default route.
 This process listens on ``ClusterIP:port`` for each TCP Service port that has a Ready endpoint
