@@ -7,8 +7,9 @@
 #   - root: the local cluster puts pods in network namespaces (ip netns, veth, a bridge), and
 #     `make system-deps` installs Debian packages.
 # The system packages that `make system-deps` installs (Prometheus for promtool and the cluster,
-# iproute2; with FRESH=1 Docker's engine and debootstrap for `make test-fresh`) are named too: as
-# a note when this machine can install them itself (root and apt-get), else as missing.
+# iproute2, iptables; with FRESH=1 Docker's engine and debootstrap for `make test-fresh`) are
+# named too: as a note when this machine can install them itself (root and apt-get), else as
+# missing.
 # It also notes (without failing) a vLLM venv not yet built: only the vLLM tests need it.
 set -uo pipefail
 cd "$(dirname "$0")/.."

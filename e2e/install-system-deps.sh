@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the system packages the tiers need: Prometheus (Debian's package: `promtool` for the
 # unit tier's rule tests, `prometheus` started by the cluster launcher, never as a service),
-# iproute2 (`ip netns`, veth, bridge for pod networking) and the CA bundle. With `--fresh-check`
+# iproute2 (`ip netns`, veth, bridge for pod networking), iptables (the local cluster enforces
+# NetworkPolicy with iptables-restore) and the CA bundle. With `--fresh-check`
 # also Docker's engine and debootstrap, which the fresh-machine check (`make test-fresh`) needs.
 # Idempotent: does nothing when all are present. Python, Go and root are checked by
 # e2e/check-prereqs.sh (`make prereqs`), not installed.
@@ -22,6 +23,7 @@ have() { command -v "$1" >/dev/null 2>&1 || [ -x "/usr/bin/$1" ] || [ -x "/usr/s
 need=()
 { have prometheus && have promtool; } || need+=(prometheus)
 have ip || need+=(iproute2)
+have iptables-restore || need+=(iptables)
 [ -s /etc/ssl/certs/ca-certificates.crt ] || need+=(ca-certificates)
 if [ "$fresh" = 1 ]; then
   have dockerd || need+=(docker.io)

@@ -20,11 +20,13 @@ from .kube_api import KubeApi
 from .kube_proxy import start_kube_proxy, wait_kube_proxy
 from .kubeconfig import write_kubeconfig
 from .pki import ADMIN_USER, create_pki
+from .policy_controller import start_policy_controller, wait_policy_controller
 from .prometheus import start_prometheus
 from .wait import GiveUp, wait_for
 
 STOP_ORDER = (
     "kubelet",
+    "network-policy",
     "kube-proxy",
     "prometheus",
     "pod-discovery",
@@ -229,6 +231,10 @@ class Cluster:
             proxy = start_kube_proxy(self.kubeconfig, logs, host)
             self._record(proxy)
             wait_kube_proxy(proxy, host)
+            slot = self.state.slot
+            policies = start_policy_controller(self.kubeconfig, logs, slot, netns.bridge_name(slot))
+            self._record(policies)
+            wait_policy_controller(policies, slot)
         if config.prometheus:
             started, self.state.prometheus_url = start_prometheus(
                 self.kubeconfig, work / "prometheus", logs, host

@@ -1,8 +1,8 @@
 """A kube-proxy for the local cluster: Service ClusterIPs routed to Ready endpoints, and cluster
 DNS, driven by Services and EndpointSlices watched through the API.
 
-Why userspace: this machine has no iptables/nft binaries, and netfilter rules, ``ip_forward`` and
-``br_netfilter`` are machine-wide, shared by every cluster (and agent) on it. Instead each
+Why userspace: NAT rules, ``ip_forward`` and ``br_netfilter`` are machine-wide, shared by every
+cluster (and agent) on it. Instead each
 cluster's Service range (10.96.N.0/24 for slot N) is routed as *local* on its bridge
 (``netns.py``), so the host owns every ClusterIP and pods reach them through their default route.
 This process listens on ``ClusterIP:port`` for each TCP Service port that has a Ready endpoint
@@ -52,10 +52,17 @@ class WatchExpired(Exception):
 class Watch:
     """List-then-watch of one resource into ``store``; ``changed`` is called after each change."""
 
-    def __init__(self, http: httpx.AsyncClient, path: str, changed: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        http: httpx.AsyncClient,
+        path: str,
+        changed: Callable[[], None],
+        key: Callable[[Obj], Key] = object_key,
+    ) -> None:
         self.http = http
         self.path = path
         self.changed = changed
+        self.key = key
         self.store: dict[Key, Obj] = {}
         self.synced = False
 
@@ -75,7 +82,7 @@ class Watch:
         response = await self.http.get(self.path)
         response.raise_for_status()
         listed = response.json()
-        self.store = {object_key(item): item for item in listed["items"]}
+        self.store = {self.key(item): item for item in listed["items"]}
         self.synced = True
         self.changed()
         return str(listed["metadata"]["resourceVersion"])
@@ -96,9 +103,9 @@ class Watch:
                 if kind == "BOOKMARK":
                     continue
                 if kind == "DELETED":
-                    self.store.pop(object_key(obj), None)
+                    self.store.pop(self.key(obj), None)
                 else:
-                    self.store[object_key(obj)] = obj
+                    self.store[self.key(obj)] = obj
                 self.changed()
         return version
 
@@ -174,15 +181,20 @@ class Proxy:
                     stream.close()
 
 
-async def run(kubeconfig: Path, host: str, dns_port: int) -> None:
+def api_http(kubeconfig: Path) -> httpx.AsyncClient:
+    """An async client for the API server ``kubeconfig`` names, with its token and CA."""
     config = yaml.safe_load(kubeconfig.read_text())
     cluster, user = config["clusters"][0]["cluster"], config["users"][0]["user"]
-    http = httpx.AsyncClient(
+    return httpx.AsyncClient(
         base_url=cluster["server"],
         verify=ssl.create_default_context(cafile=cluster["certificate-authority"]),
         headers={"Authorization": f"Bearer {user['token']}"},
         timeout=10.0,
     )
+
+
+async def run(kubeconfig: Path, host: str, dns_port: int) -> None:
+    http = api_http(kubeconfig)
     dirty = asyncio.Event()
     services = Watch(http, "/api/v1/services", dirty.set)
     slices = Watch(http, "/apis/discovery.k8s.io/v1/endpointslices", dirty.set)

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from . import firewall
 from .process import alive
 
 REGISTRY = Path(os.environ.get("KVSCALE_NET_REGISTRY", "/run/kvscale/slots"))
@@ -102,7 +103,7 @@ def delete_netns(name: str) -> None:
 
 
 def clean_slot(slot: int) -> None:
-    """Remove every namespace, veth and the bridge of ``slot``."""
+    """Remove every namespace, veth, the bridge and the iptables chains of ``slot``."""
     names = set(_netns_names())
     if NETNS_ETC.is_dir():
         names |= {p.name for p in NETNS_ETC.iterdir()}
@@ -112,6 +113,7 @@ def clean_slot(slot: int) -> None:
     for link in _link_names():
         if link.startswith(f"kvs{slot}v") or link == bridge_name(slot):
             ip("link", "del", link, check=False)
+    firewall.remove(slot, bridge_name(slot))
 
 
 def claim_slot(owner: str, pids: Sequence[int]) -> int:

@@ -1,5 +1,6 @@
 """Pod networking: the loopback fallback serves pods, and a crashed cluster's namespaces,
-processes and bridge are removed afterwards. Each test runs its own small cluster."""
+processes, bridge and iptables chains are removed afterwards. Each test runs its own small
+cluster."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pytest
 from kubernetes import client
 from manifests import PORT, pod
 
-from kvscale_cluster import netns
+from kvscale_cluster import firewall, netns
 from kvscale_cluster.config import NodeConfig
 from kvscale_cluster.fixtures import Cluster, ClusterConfig, wait_for
 from kvscale_cluster.process import alive
@@ -71,6 +72,7 @@ def test_crashed_cluster_leaves_nothing_after_down(small_cluster: Cluster) -> No
     slot = small_cluster.state.slot
     namespaces = [n for n in netns.ip("netns", "list").split() if n.startswith(f"kvs{slot}-")]
     assert len(namespaces) == 1
+    assert firewall.chains(slot) == [f"KVS-NP-{slot}"]  # no policy: nothing isolated
     server_pids = [int(p) for p in netns.ip("netns", "pids", namespaces[0]).split()]
     assert server_pids
     for pid in small_cluster.state.pids.values():  # the crash: everything SIGKILLed
@@ -86,3 +88,8 @@ def test_crashed_cluster_leaves_nothing_after_down(small_cluster: Cluster) -> No
     assert netns.bridge_name(slot) + ":" not in links
     assert f"kvs{slot}v" not in links
     assert namespaces[0] not in netns.ip("netns", "list")
+    assert not firewall.chains(slot)  # the NetworkPolicy enforcer's chains and jump went too
+    assert (
+        f'kvscale cluster slot {slot}"'
+        not in subprocess.run(["iptables", "-S", "FORWARD"], capture_output=True, text=True).stdout
+    )
