@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from kvscale_cluster.wait import wait_for
+
 ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS = ROOT / "manifests"
 CRDS = MANIFESTS / "crds"  # its own kustomization: deleting the install leaves it
@@ -26,10 +28,20 @@ Kubectl = Callable[..., object]
 def install_kvscale(kubectl: Kubectl) -> None:
     """Applies the CRD, then the manifests, and waits for the operator to roll out."""
     kubectl("apply", "--server-side", "-k", str(CRDS))
-    kubectl("wait", "--for=condition=Established", "--timeout=60s", CRD_NAME)
+    wait_established(kubectl, CRD_NAME)
     kubectl("apply", "--server-side", "-k", str(LOCAL_INSTALL))
     kubectl(
         "-n", "kvscale-system", "rollout", "status", "deployment/kvscale-operator", "--timeout=180s"
+    )
+
+
+def wait_established(kubectl: Kubectl, name: str, timeout: float = 60.0) -> None:
+    """Waits for a CRD (`crd/<name>`) to be Established. `kubectl wait` fails at once, instead of
+    waiting, while a CRD just created has no `status.conditions` yet, so it is asked again."""
+    wait_for(
+        lambda: kubectl("wait", "--for=condition=Established", "--timeout=10s", name),
+        timeout,
+        f"{name} to be Established",
     )
 
 

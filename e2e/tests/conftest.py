@@ -7,7 +7,13 @@ import pytest
 
 from kvscale.kube import Kube
 from kvscale_cluster.fixtures import Cluster, kubectl, run_operator
-from kvscale_cluster.install import ROOT, install_kvscale, uninstall_kvscale
+from kvscale_cluster.install import (
+    CRD_NAME,
+    ROOT,
+    install_kvscale,
+    uninstall_kvscale,
+    wait_established,
+)
 
 pytest_plugins = ["kvscale_cluster.fixtures"]
 
@@ -27,7 +33,7 @@ def operator(cluster: Cluster) -> Iterator[Any]:
     """The operator in this process (Kopf's runner) with the CRD applied, for the module."""
     crd = ROOT / "crds" / "llmendpoints.kvscale.io.yaml"
     kubectl(cluster, "apply", "--server-side", "-f", str(crd))
-    kubectl(cluster, "wait", "--for=condition=Established", "crd/llmendpoints.kvscale.io")
+    wait_established(lambda *args: kubectl(cluster, *args), CRD_NAME)
     with run_operator(cluster) as runner:
         yield runner
     assert runner.exception is None, runner.output

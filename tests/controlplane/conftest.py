@@ -10,6 +10,7 @@ from kopf.testing import KopfRunner
 
 from kvscale.kube import Kube
 from kvscale_cluster.fixtures import Cluster, kubectl, run_operator
+from kvscale_cluster.install import CRD_NAME, wait_established
 
 pytest_plugins = ["kvscale_cluster.fixtures"]
 
@@ -26,13 +27,7 @@ def api(cluster: Cluster) -> Kube:
 def crd(cluster: Cluster) -> None:
     """The committed CRD, installed with server-side apply and Established."""
     kubectl(cluster, "apply", "--server-side", "-f", str(CRD_PATH))
-    kubectl(
-        cluster,
-        "wait",
-        "--for=condition=Established",
-        "--timeout=30s",
-        "crd/llmendpoints.kvscale.io",
-    )
+    wait_established(lambda *args: kubectl(cluster, *args), CRD_NAME)
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ from kvscale import __version__
 from kvscale.children.engine import ENDPOINT_LABEL, ROLE_LABEL, labels
 from kvscale.kube import Kube
 from kvscale_cluster.fixtures import kubectl
-from kvscale_cluster.install import PODMONITOR_CRD, SERVICEMONITOR_CRD
+from kvscale_cluster.install import PODMONITOR_CRD, SERVICEMONITOR_CRD, wait_established
 
 NAMESPACE = "kvscale-system"
 CRD = "llmendpoints.kvscale.io"
@@ -181,7 +181,7 @@ def test_monitor_component_passes_a_server_side_dry_run(cluster: Any, crd: None)
     for path, name in ((SERVICEMONITOR_CRD, SERVICEMONITOR_CRD_NAME),
                        (PODMONITOR_CRD, PODMONITOR_CRD_NAME)):  # fmt: skip
         kubectl(cluster, "apply", "--server-side", "-f", str(path))
-        kubectl(cluster, "wait", "--for=condition=Established", "--timeout=30s", name)
+        wait_established(lambda *args: kubectl(cluster, *args), name)
     docs = rendered(cluster, WITH_SERVICEMONITOR)
     namespace = [d for d in docs if d["kind"] == "Namespace"]
     kubectl(cluster, "apply", "--server-side", "-f", "-", stdin=yaml.safe_dump_all(namespace))
