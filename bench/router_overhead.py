@@ -18,9 +18,7 @@ import json
 import os
 import random
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import contextmanager
@@ -30,46 +28,12 @@ import aiohttp
 import httpx
 
 from bench.machine import cpu_seconds
+from bench.serving import served
 from kvscale_cluster.ports import free_port
 
 FULL: dict[str, Any] = {"rate": 200.0, "requests": 1000, "rounds": 6, "chunks": 8}
 QUICK: dict[str, Any] = {"rate": 50.0, "requests": 100, "rounds": 1, "chunks": 4}
 TARGET = {"added_p50_ms": 1.0, "added_p99_ms": 5.0}
-
-
-def _ready(url: str) -> bool:
-    try:
-        return httpx.get(f"{url}/ready", timeout=2).status_code == 200
-    except httpx.TransportError:
-        return False
-
-
-@contextmanager
-def child(cmd: list[str], url: str, what: str) -> Iterator[int]:
-    """A child process serving `url`; yields its pid once /ready answers 200.
-
-    Its stderr goes to a file (a pipe nobody reads would block a chatty child) that is shown
-    when it fails to start.
-    """
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    with tempfile.TemporaryFile() as log:
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log, env=env)
-        try:
-            deadline = time.monotonic() + 120
-            while not _ready(url):
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    log.seek(0)
-                    err = log.read().decode(errors="replace")[-3000:]
-                    raise RuntimeError(f"{what} did not start:\n{err}")
-                time.sleep(0.1)
-            yield proc.pid
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
 
 
 @contextmanager
@@ -79,9 +43,9 @@ def router_process(replicas: Mapping[str, str], *args: str) -> Iterator[tuple[st
     spec = ",".join(f"{name}={url}" for name, url in replicas.items())
     cmd = [sys.executable, "-m", "kvscale_router.cli", "--host", "127.0.0.1", "--port",
            str(port), "--replicas", spec, "--log-level", "warning", *args]  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    with child(cmd, url, "the router") as pid:
-        yield url, pid
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    with served(cmd, env, port, start_s=120, what="the router") as process:
+        yield process.url, process.pid
 
 
 @contextmanager
@@ -94,9 +58,9 @@ def router_server(replicas: Mapping[str, str], *args: str) -> Iterator[str]:
 def fast_upstream(chunks: int) -> Iterator[str]:
     port = free_port()
     cmd = [sys.executable, "-m", "bench.router_overhead", "--upstream", str(port), str(chunks)]
-    url = f"http://127.0.0.1:{port}"
-    with child(cmd, url, "the fast upstream"):
-        yield url
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    with served(cmd, env, port, start_s=120, what="the fast upstream") as process:
+        yield process.url
 
 
 def _serve_upstream(port: int, chunks: int) -> None:

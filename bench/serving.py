@@ -53,7 +53,7 @@ def engine_process(
     env = dict(os.environ)
     if torch_threads is not None:
         env["OMP_NUM_THREADS"] = str(torch_threads)
-    with _served(cmd, env, port, "/ready", 180) as process:
+    with served(cmd, env, port, "/ready", 180) as process:
         yield process
 
 
@@ -71,14 +71,22 @@ def vllm_process(
     ]  # fmt: skip
     # its own venv: none of our source folders on its path
     base = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    with _served(cmd, base | (env or {}), port, "/v1/models", 600) as process:
+    with served(cmd, base | (env or {}), port, "/v1/models", 600) as process:
         yield process
 
 
 @contextmanager
-def _served(
-    cmd: list[str], env: dict[str, str], port: int, ready_path: str, start_s: float
+def served(
+    cmd: list[str],
+    env: dict[str, str],
+    port: int,
+    ready_path: str = "/ready",
+    start_s: float = 180,
+    what: str = "server",
 ) -> Iterator[EngineProcess]:
+    """`cmd` as a child process serving on loopback `port`, yielded once `ready_path` answers 200
+    and stopped (terminated, killed after 60 s) afterwards. Its output goes to a file (a pipe
+    nobody reads would block a chatty child) whose tail is shown when it fails to start."""
     url = f"http://127.0.0.1:{port}"
     with tempfile.TemporaryFile() as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
@@ -87,7 +95,8 @@ def _served(
             while not _ready(url + ready_path):
                 if proc.poll() is not None or time.monotonic() > deadline:
                     log.seek(0)
-                    raise RuntimeError(f"server did not start:\n{log.read().decode()[-3000:]}")
+                    err = log.read().decode(errors="replace")[-3000:]
+                    raise RuntimeError(f"{what} did not start:\n{err}")
                 time.sleep(0.1)
             yield EngineProcess(url, proc.pid)
         finally:
