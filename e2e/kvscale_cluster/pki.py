@@ -18,6 +18,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 ADMIN_USER = "kvscale-admin"
+KUBELET_CLIENT = "kube-apiserver-kubelet-client"
 VALIDITY = datetime.timedelta(days=30)
 
 
@@ -33,6 +34,8 @@ class Pki:
     sa_pub: Path
     token_file: Path
     admin_token: str
+    kubelet_client_cert: Path
+    kubelet_client_key: Path
 
 
 def _key() -> rsa.RSAPrivateKey:
@@ -118,6 +121,8 @@ def create_pki(directory: Path, server_ips: list[str]) -> Pki:
         sa_pub=directory / "sa.pub",
         token_file=directory / "tokens.csv",
         admin_token=secrets.token_hex(24),
+        kubelet_client_cert=directory / "apiserver-kubelet-client.crt",
+        kubelet_client_key=directory / "apiserver-kubelet-client.key",
     )
     ca_key, serving_key, sa_key = _key(), _key(), _key()
     ca = _ca(ca_key)
@@ -135,4 +140,39 @@ def create_pki(directory: Path, server_ips: list[str]) -> Pki:
     # token,user,uid,"group1,group2"
     pki.token_file.write_text(f'{pki.admin_token},{ADMIN_USER},{ADMIN_USER},"system:masters"\n')
     pki.token_file.chmod(0o600)
+    # the API server's identity towards a real kubelet (logs, exec), which authorises it by CA
+    issue_certificate(
+        pki, pki.kubelet_client_cert, pki.kubelet_client_key, KUBELET_CLIENT, ["system:masters"], []
+    )
     return pki
+
+
+def issue_certificate(
+    pki: Pki, cert: Path, key: Path, cn: str, organizations: list[str], ips: list[str]
+) -> None:
+    """Write a key and a certificate from the cluster CA for ``cn`` (groups ``organizations``):
+    a client certificate the API server accepts (``--client-ca-file``), also serving ``ips``
+    when given (the real node's kubelet, which the API server checks against the same CA)."""
+    ca = x509.load_pem_x509_certificate(pki.ca_cert.read_bytes())
+    ca_key = serialization.load_pem_private_key(pki.ca_key.read_bytes(), password=None)
+    assert isinstance(ca_key, rsa.RSAPrivateKey)
+    leaf_key = _key()
+    now = datetime.datetime.now(datetime.UTC)
+    subject = [x509.NameAttribute(NameOID.ORGANIZATION_NAME, o) for o in organizations]
+    usages = [ExtendedKeyUsageOID.CLIENT_AUTH] + ([ExtendedKeyUsageOID.SERVER_AUTH] if ips else [])
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([*subject, x509.NameAttribute(NameOID.COMMON_NAME, cn)]))
+        .issuer_name(ca.subject)
+        .public_key(leaf_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + VALIDITY)
+        .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+    )
+    if ips:
+        sans = [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ips]
+        builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
+    _write_key(leaf_key, key)
+    cert.write_bytes(builder.sign(ca_key, hashes.SHA256()).public_bytes(serialization.Encoding.PEM))

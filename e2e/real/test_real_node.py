@@ -1,0 +1,105 @@
+"""One pod on the real node: what the process kubelet never enforced, a real node does."""
+
+from __future__ import annotations
+
+import base64
+import ipaddress
+import json
+from typing import Any
+
+from kvscale_cluster import real_node
+from kvscale_cluster.fixtures import Cluster, kubectl, wait_for
+
+IMAGE = "kvscale.local/busybox:1.35.0"  # e2e/real-node/build-images.sh
+TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+SCRIPT = f"""id
+touch /probe 2>&1 || true
+echo "token $(cat {TOKEN})"
+exec sleep 3600
+"""
+
+
+def probe_pod(name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "nodeSelector": {real_node.LABEL[0]: real_node.LABEL[1]},
+            "terminationGracePeriodSeconds": 1,
+            "containers": [
+                {
+                    "name": "main",
+                    "image": IMAGE,
+                    "imagePullPolicy": "IfNotPresent",
+                    "command": ["/bin/sh", "-c", SCRIPT],
+                    "securityContext": {
+                        "runAsUser": 65534,
+                        "runAsGroup": 65534,
+                        "runAsNonRoot": True,
+                        "readOnlyRootFilesystem": True,
+                        "allowPrivilegeEscalation": False,
+                        "capabilities": {"drop": ["ALL"]},
+                        "seccompProfile": {"type": "RuntimeDefault"},
+                    },
+                }
+            ],
+        },
+    }
+
+
+def pod(cluster: Cluster, namespace: str, name: str) -> dict[str, Any]:
+    out = kubectl(cluster, "-n", namespace, "get", "pod", name, "-o", "json").stdout
+    result: dict[str, Any] = json.loads(out)
+    return result
+
+
+def running(cluster: Cluster, namespace: str, name: str, restarts: int) -> bool:
+    statuses = pod(cluster, namespace, name)["status"].get("containerStatuses") or []
+    return any(s["restartCount"] == restarts and "running" in s["state"] for s in statuses)
+
+
+def jwt_claims(token: str) -> dict[str, Any]:
+    payload = token.split(".")[1]
+    claims: dict[str, Any] = json.loads(
+        base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4))
+    )
+    return claims
+
+
+def test_pod_runs_as_a_container_on_the_real_node(cluster: Cluster, namespace: str) -> None:
+    kubectl(cluster, "-n", namespace, "apply", "-f", "-", stdin=json.dumps(probe_pod("probe")))
+    wait_for(lambda: running(cluster, namespace, "probe", 0), 90, "probe running")
+    status = pod(cluster, namespace, "probe")
+    assert status["spec"]["nodeName"] == real_node.NAME
+    assert status["status"]["containerStatuses"][0]["containerID"].startswith("containerd://")
+    assert ipaddress.ip_address(status["status"]["podIP"]).packed[3] >= real_node.FIRST_ADDRESS
+    wait_for(
+        lambda: "token " in kubectl(cluster, "-n", namespace, "logs", "probe").stdout,
+        30,
+        "probe's output",
+    )
+    logs = kubectl(cluster, "-n", namespace, "logs", "probe").stdout
+    assert "uid=65534(nobody) gid=65534(nogroup)" in logs  # the image's /etc/passwd, group
+    assert "Read-only file system" in logs
+    token = logs.split("token ", 1)[1].split()[0]
+    claims = jwt_claims(token)  # a projected, pod-bound token from the kubelet's TokenRequest
+    assert claims["kubernetes.io"]["pod"]["name"] == "probe"
+    assert claims["kubernetes.io"]["node"]["name"] == real_node.NAME
+    assert claims["sub"] == f"system:serviceaccount:{namespace}:default"
+    exec_id = kubectl(cluster, "-n", namespace, "exec", "probe", "--", "id", "-u").stdout
+    assert exec_id.strip() == "65534"
+
+
+def test_killed_container_is_restarted(cluster: Cluster, namespace: str) -> None:
+    kubectl(cluster, "-n", namespace, "apply", "-f", "-", stdin=json.dumps(probe_pod("victim")))
+    wait_for(lambda: running(cluster, namespace, "victim", 0), 90, "victim running")
+    container = pod(cluster, namespace, "victim")["status"]["containerStatuses"][0]
+    task = container["containerID"].removeprefix("containerd://")
+    node = real_node.RealNode(cluster.directory / "real-node")
+    node.ctr_checked("tasks", "kill", "--signal", "SIGKILL", task)
+    wait_for(lambda: running(cluster, namespace, "victim", 1), 60, "victim restarted")
+    restarted = pod(cluster, namespace, "victim")["status"]["containerStatuses"][0]
+    assert restarted["lastState"]["terminated"]["exitCode"] == 137
+    previous = kubectl(cluster, "-n", namespace, "logs", "victim", "--previous").stdout
+    assert "uid=65534" in previous
