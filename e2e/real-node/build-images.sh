@@ -5,7 +5,8 @@
 # the pause source and the busybox-static version, so a change to any rebuilds. Prints the folder.
 #   pause.tar    registry.k8s.io/pause:3.10: upstream's pause.c from the k8s.io/kubernetes module,
 #                compiled static (containerd's sandbox_image)
-#   busybox.tar  kvscale.local/busybox:1.35.0: Debian's busybox-static, for the tier's test pods
+#   busybox.tar  kvscale.local/busybox:1.35.0: Debian's busybox-static with every applet linked
+#                in /bin, for the tier's test pods (sh, id, httpd, wget, nslookup...)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 pause_c="$(cd k8sbin && go list -m -f '{{.Dir}}' k8s.io/kubernetes)/build/pause/linux/pause.c"
@@ -25,7 +26,9 @@ if [ ! -s "$out/pause.tar" ] || [ ! -s "$out/busybox.tar" ]; then
   (cd "$WORK" && apt-get download "busybox-static=$busybox_version" >/dev/null 2>&1)
   dpkg-deb -x "$WORK"/busybox-static_*.deb "$WORK/busybox/deb"
   cp "$WORK/busybox/deb/bin/busybox" "$WORK/busybox/root/bin/"
-  for applet in sh cat id ls sleep touch echo grep stat ps; do ln -s busybox "$WORK/busybox/root/bin/$applet"; done
+  for applet in $("$WORK/busybox/deb/bin/busybox" --list); do
+    [ "$applet" = busybox ] || ln -s busybox "$WORK/busybox/root/bin/$applet"
+  done
   echo 'nobody:x:65534:65534:nobody:/:/bin/sh' >"$WORK/busybox/root/etc/passwd"
   echo 'nogroup:x:65534:' >"$WORK/busybox/root/etc/group"
   tar -C "$WORK/pause/root" -c . | docker import --change 'ENTRYPOINT ["/pause"]' \

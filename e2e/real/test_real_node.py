@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import ipaddress
 import json
+import urllib.request
 from typing import Any
 
 from kvscale_cluster import real_node
@@ -19,33 +20,48 @@ exec sleep 3600
 """
 
 
-def probe_pod(name: str) -> dict[str, Any]:
+RESTRICTED = {
+    "runAsUser": 65534,
+    "runAsGroup": 65534,
+    "runAsNonRoot": True,
+    "readOnlyRootFilesystem": True,
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+
+
+def real_pod(name: str, script: str, **spec: Any) -> dict[str, Any]:
+    """A pod for the real node running ``script`` in busybox, within the restricted profile."""
+    container = {
+        "name": "main",
+        "image": IMAGE,
+        "imagePullPolicy": "IfNotPresent",
+        "command": ["/bin/sh", "-c", script],
+        "securityContext": RESTRICTED,
+    }
+    container.update(spec.pop("container", {}))
     return {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {"name": name},
+        "metadata": {"name": name, "labels": {"app": name}},
         "spec": {
             "nodeSelector": {real_node.LABEL[0]: real_node.LABEL[1]},
             "terminationGracePeriodSeconds": 1,
-            "containers": [
-                {
-                    "name": "main",
-                    "image": IMAGE,
-                    "imagePullPolicy": "IfNotPresent",
-                    "command": ["/bin/sh", "-c", SCRIPT],
-                    "securityContext": {
-                        "runAsUser": 65534,
-                        "runAsGroup": 65534,
-                        "runAsNonRoot": True,
-                        "readOnlyRootFilesystem": True,
-                        "allowPrivilegeEscalation": False,
-                        "capabilities": {"drop": ["ALL"]},
-                        "seccompProfile": {"type": "RuntimeDefault"},
-                    },
-                }
-            ],
+            "containers": [container],
+            **spec,
         },
     }
+
+
+def apply(cluster: Cluster, namespace: str, obj: dict[str, Any]) -> None:
+    kubectl(cluster, "-n", namespace, "apply", "-f", "-", stdin=json.dumps(obj))
+
+
+def restrict(cluster: Cluster, namespace: str) -> None:
+    """Enforce the restricted Pod Security profile on ``namespace``."""
+    label = "pod-security.kubernetes.io/enforce=restricted"
+    kubectl(cluster, "label", "namespace", namespace, label)
 
 
 def pod(cluster: Cluster, namespace: str, name: str) -> dict[str, Any]:
@@ -68,7 +84,8 @@ def jwt_claims(token: str) -> dict[str, Any]:
 
 
 def test_pod_runs_as_a_container_on_the_real_node(cluster: Cluster, namespace: str) -> None:
-    kubectl(cluster, "-n", namespace, "apply", "-f", "-", stdin=json.dumps(probe_pod("probe")))
+    restrict(cluster, namespace)
+    apply(cluster, namespace, real_pod("probe", SCRIPT))
     wait_for(lambda: running(cluster, namespace, "probe", 0), 90, "probe running")
     status = pod(cluster, namespace, "probe")
     assert status["spec"]["nodeName"] == real_node.NAME
@@ -92,7 +109,8 @@ def test_pod_runs_as_a_container_on_the_real_node(cluster: Cluster, namespace: s
 
 
 def test_killed_container_is_restarted(cluster: Cluster, namespace: str) -> None:
-    kubectl(cluster, "-n", namespace, "apply", "-f", "-", stdin=json.dumps(probe_pod("victim")))
+    restrict(cluster, namespace)
+    apply(cluster, namespace, real_pod("victim", SCRIPT))
     wait_for(lambda: running(cluster, namespace, "victim", 0), 90, "victim running")
     container = pod(cluster, namespace, "victim")["status"]["containerStatuses"][0]
     task = container["containerID"].removeprefix("containerd://")
@@ -103,3 +121,48 @@ def test_killed_container_is_restarted(cluster: Cluster, namespace: str) -> None
     assert restarted["lastState"]["terminated"]["exitCode"] == 137
     previous = kubectl(cluster, "-n", namespace, "logs", "victim", "--previous").stdout
     assert "uid=65534" in previous
+
+
+def test_service_and_dns_reach_a_real_node_pod(cluster: Cluster, namespace: str) -> None:
+    restrict(cluster, namespace)
+    page = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "page"}}
+    apply(cluster, namespace, {**page, "data": {"index.html": "served from the real node\n"}})
+    web = real_pod(
+        "web",
+        "exec httpd -f -p 8080 -h /www",
+        volumes=[{"name": "www", "configMap": {"name": "page"}}],
+        container={
+            "volumeMounts": [{"name": "www", "mountPath": "/www"}],
+            "ports": [{"containerPort": 8080}],
+            "readinessProbe": {"httpGet": {"path": "/", "port": 8080}, "periodSeconds": 1},
+        },
+    )
+    apply(cluster, namespace, web)
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": "web"},
+        "spec": {"selector": {"app": "web"}, "ports": [{"port": 80, "targetPort": 8080}]},
+    }
+    apply(cluster, namespace, service)
+    # a second real-node pod finds the Service by name through the cluster DNS
+    client = "until wget -qO- http://web; do sleep 1; done; exec sleep 3600"
+    apply(cluster, namespace, real_pod("client", client))
+
+    def ready() -> bool:
+        conditions = pod(cluster, namespace, "web")["status"].get("conditions") or []
+        return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+    wait_for(ready, 90, "web Ready (the kubelet's HTTP probe)")
+    wait_for(
+        lambda: "served from" in kubectl(cluster, "-n", namespace, "logs", "client").stdout,
+        60,
+        "client's fetch through the Service",
+    )
+    ip = kubectl(cluster, "-n", namespace, "get", "svc", "web", "-o", "jsonpath={.spec.clusterIP}")
+
+    def fetched() -> bool:  # the host reaches the pod through the ClusterIP as well
+        with urllib.request.urlopen(f"http://{ip.stdout}/", timeout=5) as response:
+            return bool(response.read() == b"served from the real node\n")
+
+    wait_for(fetched, 30, "the Service's ClusterIP from the host")
