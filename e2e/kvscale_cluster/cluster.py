@@ -245,6 +245,7 @@ class Cluster:
             raise real_node.RealNodeError("The real node needs the netns pod network (a bridge)")
         api = KubeApi(self.api_url, self.token, self.state.ca_path)
         real_node.grant_node_role(api)
+        real_node.publish_api_endpoint(api, self.api_url)
         started = real_node.start(
             self.directory / "real-node",
             pki,
@@ -286,7 +287,7 @@ class Cluster:
     def stop(self) -> None:
         """Stop every component by PID (kubelet first, so pods end gracefully) and clean up."""
         if any(name in self.state.pids for name in real_node.COMPONENTS):
-            real_node.stop(self.directory / "real-node", self.state.pids)
+            real_node.stop(self.directory / "real-node", self.state.slot, self.state.pids)
         for name in STOP_ORDER:
             pid = self.state.pids.get(name)
             if pid is not None:

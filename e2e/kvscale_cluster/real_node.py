@@ -37,6 +37,7 @@ FIRST_ADDRESS = 192  # host-local's range starts here; netns.POD_INDEXES ends be
 IMAGES_ENV = "KVSCALE_REAL_NODE_IMAGES"
 SANDBOX_IMAGE = "registry.k8s.io/pause:3.10"
 CNI_BIN = Path("/usr/lib/cni")
+CGROUPS = Path("/sys/fs/cgroup")
 NOT_READY_TAINT = "node.kubernetes.io/not-ready"
 COMPONENTS = ("real-kubelet", "containerd")
 
@@ -143,10 +144,39 @@ def _cni_config(node: RealNode, slot: int, host_ip: str) -> str:
     return json.dumps(conflist, indent=2)
 
 
-def _kubelet_config(node: RealNode, pki: Pki, host_ip: str) -> str:
+def cgroup_root(slot: int) -> str:
+    """The cgroup the node's pods live under: one per cluster, so that two real nodes (two
+    clusters at once) never see each other's pod cgroups as orphans to clean up."""
+    return f"/kvscale-real-{slot}"
+
+
+def _hierarchies() -> list[Path]:
+    """Every mounted cgroup hierarchy (each v1 controller, ``name=systemd``, ``unified``)."""
+    return [p for p in CGROUPS.iterdir() if (p / "cgroup.procs").exists()]
+
+
+def _make_cgroup_root(slot: int) -> None:
+    for hierarchy in _hierarchies():
+        (hierarchy / cgroup_root(slot).lstrip("/")).mkdir(exist_ok=True)
+
+
+def _remove_cgroup_root(slot: int) -> None:
+    """Remove the node's (by now empty) cgroups, deepest first."""
+    for hierarchy in _hierarchies():
+        top = hierarchy / cgroup_root(slot).lstrip("/")
+        if not top.is_dir():
+            continue
+        below = sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts))
+        for group in [*below, top]:
+            with contextlib.suppress(OSError):
+                group.rmdir()
+
+
+def _kubelet_config(node: RealNode, pki: Pki, host_ip: str, slot: int) -> str:
     config = {
         "apiVersion": "kubelet.config.k8s.io/v1beta1",
         "kind": "KubeletConfiguration",
+        "cgroupRoot": cgroup_root(slot),
         "failCgroupV1": False,  # this machine has cgroup v1; 1.35+ refuse it by default
         "cgroupDriver": "cgroupfs",  # containerd 1.6 cannot tell the kubelet (no RuntimeConfig)
         "containerRuntimeEndpoint": f"unix://{node.socket}",
@@ -219,6 +249,27 @@ def grant_node_role(api: KubeApi) -> None:
     api.post("/apis/rbac.authorization.k8s.io/v1/clusterrolebindings", binding)
 
 
+def publish_api_endpoint(api: KubeApi, api_url: str) -> None:
+    """Back the ``kubernetes`` Service with the API server's bridge address: a real kubelet
+    gives containers ``KUBERNETES_SERVICE_HOST`` = its ClusterIP (the process kubelet names the
+    API server directly), and the API server publishes no endpoints itself here
+    (``--endpoint-reconciler-type=none``, for the loopback network's sake)."""
+    host, port = api_url.removeprefix("https://").rsplit(":", 1)
+    labels = {
+        "kubernetes.io/service-name": "kubernetes",
+        "endpointslice.kubernetes.io/managed-by": "kvscale-real-node",
+    }
+    slice_ = {
+        "apiVersion": "discovery.k8s.io/v1",
+        "kind": "EndpointSlice",
+        "metadata": {"name": "kubernetes", "namespace": "default", "labels": labels},
+        "addressType": "IPv4",
+        "endpoints": [{"addresses": [host], "conditions": {"ready": True}}],
+        "ports": [{"name": "https", "port": int(port), "protocol": "TCP"}],
+    }
+    api.post("/apis/discovery.k8s.io/v1/namespaces/default/endpointslices", slice_)
+
+
 def start(
     root: Path, pki: Pki, api_url: str, host_ip: str, slot: int, bin_dir: Path, logs: Path
 ) -> list[process.Component]:
@@ -232,7 +283,8 @@ def start(
         (root / sub).mkdir(parents=True, exist_ok=True)
     (root / "containerd" / "config.toml").write_text(_containerd_config(node))
     (root / "cni" / "10-kvscale.conflist").write_text(_cni_config(node, slot, host_ip))
-    (root / "kubelet" / "config.yaml").write_text(_kubelet_config(node, pki, host_ip))
+    (root / "kubelet" / "config.yaml").write_text(_kubelet_config(node, pki, host_ip, slot))
+    _make_cgroup_root(slot)
     kubeconfig = _credentials(node, pki, api_url, host_ip)
     config = root / "containerd" / "config.toml"
     containerd = process.start("containerd", ["containerd", "--config", str(config)], logs)
@@ -254,7 +306,7 @@ def start(
         ]
         started.append(process.start("real-kubelet", argv, logs))
     except BaseException:
-        stop(root, {c.name: c.pid for c in started})
+        stop(root, slot, {c.name: c.pid for c in started})
         raise
     return started
 
@@ -284,9 +336,9 @@ def join(api: KubeApi, kubelet: process.Component) -> None:
     api.patch(f"/api/v1/nodes/{NAME}", {"spec": {"taints": taints or None}}, MERGE)
 
 
-def stop(root: Path, pids: dict[str, int]) -> None:
+def stop(root: Path, slot: int, pids: dict[str, int]) -> None:
     """Stop the kubelet, kill every container (their shims outlive containerd), stop
-    containerd and unmount what the node mounted under ``root``."""
+    containerd, unmount what the node mounted under ``root`` and remove its cgroups."""
     if "real-kubelet" in pids:
         process.stop(pids["real-kubelet"], grace=10.0)
     node = RealNode(root)
@@ -303,6 +355,7 @@ def stop(root: Path, pids: dict[str, int]) -> None:
     if "containerd" in pids:
         process.stop(pids["containerd"], grace=10.0)
     unmount_under(root)
+    _remove_cgroup_root(slot)
 
 
 def unmount_under(root: Path) -> None:

@@ -106,6 +106,14 @@ def test_pod_runs_as_a_container_on_the_real_node(cluster: Cluster, namespace: s
     assert claims["sub"] == f"system:serviceaccount:{namespace}:default"
     exec_id = kubectl(cluster, "-n", namespace, "exec", "probe", "--", "id", "-u").stdout
     assert exec_id.strip() == "65534"
+    cgroups = kubectl(cluster, "-n", namespace, "exec", "probe", "--", "cat", "/proc/self/cgroup")
+    pod_uid = status["metadata"]["uid"]
+    under = f"{real_node.cgroup_root(cluster.state.slot)}/kubepods/besteffort/pod{pod_uid}/"
+    assert f":memory:{under}" in cgroups.stdout, cgroups.stdout
+    # in-cluster clients dial the kubernetes Service the kubelet names in the environment
+    dial = "timeout 5 nc $KUBERNETES_SERVICE_HOST $KUBERNETES_SERVICE_PORT </dev/null; echo rc=$?"
+    api = kubectl(cluster, "-n", namespace, "exec", "probe", "--", "sh", "-c", dial)
+    assert api.stdout.strip() == "rc=0", api.stdout + api.stderr
 
 
 def test_killed_container_is_restarted(cluster: Cluster, namespace: str) -> None:
