@@ -86,27 +86,40 @@ def _ca(key: rsa.RSAPrivateKey) -> x509.Certificate:
     )
 
 
-def _serving(
-    key: rsa.RSAPrivateKey, ca: x509.Certificate, ca_key: rsa.RSAPrivateKey, ips: list[str]
+def _leaf(
+    key: rsa.RSAPrivateKey,
+    ca: x509.Certificate,
+    ca_key: rsa.RSAPrivateKey,
+    subject: x509.Name,
+    usages: list[x509.ObjectIdentifier],
+    sans: list[x509.GeneralName],
 ) -> x509.Certificate:
     now = datetime.datetime.now(datetime.UTC)
-    dns = ["localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"]
-    dns.append("kubernetes.default.svc.cluster.local")
-    sans: list[x509.GeneralName] = [x509.DNSName(d) for d in dns]
-    sans += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ips]
-    return (
+    builder = (
         x509.CertificateBuilder()
-        .subject_name(_name("kube-apiserver"))
+        .subject_name(subject)
         .issuer_name(ca.subject)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - datetime.timedelta(minutes=5))
         .not_valid_after(now + VALIDITY)
-        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .sign(ca_key, hashes.SHA256())
     )
+    if sans:
+        builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
+    return builder.sign(ca_key, hashes.SHA256())
+
+
+def _serving(
+    key: rsa.RSAPrivateKey, ca: x509.Certificate, ca_key: rsa.RSAPrivateKey, ips: list[str]
+) -> x509.Certificate:
+    dns = ["localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"]
+    dns.append("kubernetes.default.svc.cluster.local")
+    sans: list[x509.GeneralName] = [x509.DNSName(d) for d in dns]
+    sans += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ips]
+    usages = [ExtendedKeyUsageOID.SERVER_AUTH]
+    return _leaf(key, ca, ca_key, _name("kube-apiserver"), usages, sans)
 
 
 def create_pki(directory: Path, server_ips: list[str]) -> Pki:
@@ -157,22 +170,10 @@ def issue_certificate(
     ca_key = serialization.load_pem_private_key(pki.ca_key.read_bytes(), password=None)
     assert isinstance(ca_key, rsa.RSAPrivateKey)
     leaf_key = _key()
-    now = datetime.datetime.now(datetime.UTC)
-    subject = [x509.NameAttribute(NameOID.ORGANIZATION_NAME, o) for o in organizations]
+    names = [x509.NameAttribute(NameOID.ORGANIZATION_NAME, o) for o in organizations]
+    subject = x509.Name([*names, x509.NameAttribute(NameOID.COMMON_NAME, cn)])
     usages = [ExtendedKeyUsageOID.CLIENT_AUTH] + ([ExtendedKeyUsageOID.SERVER_AUTH] if ips else [])
-    builder = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([*subject, x509.NameAttribute(NameOID.COMMON_NAME, cn)]))
-        .issuer_name(ca.subject)
-        .public_key(leaf_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + VALIDITY)
-        .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-    )
-    if ips:
-        sans = [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ips]
-        builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
+    sans: list[x509.GeneralName] = [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ips]
     _write_key(leaf_key, key)
-    cert.write_bytes(builder.sign(ca_key, hashes.SHA256()).public_bytes(serialization.Encoding.PEM))
+    leaf = _leaf(leaf_key, ca, ca_key, subject, usages, sans)
+    cert.write_bytes(leaf.public_bytes(serialization.Encoding.PEM))
