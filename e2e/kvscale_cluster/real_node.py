@@ -151,7 +151,10 @@ def cgroup_root(slot: int) -> str:
 
 
 def _hierarchies() -> list[Path]:
-    """Every mounted cgroup hierarchy (each v1 controller, ``name=systemd``, ``unified``)."""
+    """Every mounted cgroup hierarchy: each v1 controller, ``name=systemd`` and ``unified`` on
+    this machine's hybrid layout; ``/sys/fs/cgroup`` itself where it is cgroup v2 only."""
+    if (CGROUPS / "cgroup.controllers").exists():
+        return [CGROUPS]
     return [p for p in CGROUPS.iterdir() if (p / "cgroup.procs").exists()]
 
 
