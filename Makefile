@@ -9,12 +9,14 @@ STAMP := $(VENV)/.installed-stamp
 PYTEST := $(BIN)/pytest
 K8S_BIN = $(shell e2e/k8sbin/build.sh)
 HELM = $(shell e2e/helm/build.sh)
+REAL_NODE_IMAGES = $(shell e2e/real-node/build-images.sh)
 # the local cluster (kvscale_cluster) and the demo (kvscale_demo) are not installed: they run from
 # the source tree (pytest's `pythonpath` and `python -m bench` find them themselves)
 E2E_PATH := PYTHONPATH=$(CURDIR)/e2e
 
 .PHONY: profile prereqs venv system-deps k8s helm vllm lint typecheck imports crds chart test test-unit \
-	test-engine test-controlplane test-e2e test-fresh demo bench cluster-up cluster-down image clean
+	test-engine test-controlplane test-e2e test-fresh demo bench cluster-up cluster-down image clean \
+	real-node test-real cluster-up-real
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -31,9 +33,10 @@ prereqs:
 	@PY=$(PY) FRESH=$(FRESH) e2e/check-prereqs.sh
 
 # Debian packages: prometheus (promtool for the unit tier, Prometheus for the cluster), iproute2;
-# with FRESH=1 also docker.io and debootstrap
+# with FRESH=1 also docker.io and debootstrap; with REAL=1 the real node's containerd, runc, CNI
+# plugins, docker.io and a static C toolchain (docs/real-node.md)
 system-deps:
-	e2e/install-system-deps.sh $(if $(filter 1,$(FRESH)),--fresh-check)
+	e2e/install-system-deps.sh $(if $(filter 1,$(FRESH)),--fresh-check) $(if $(filter 1,$(REAL)),--real-node)
 
 k8s:
 	e2e/k8sbin/build.sh
@@ -80,7 +83,17 @@ test-controlplane: prereqs venv system-deps k8s helm
 test-e2e: prereqs venv system-deps k8s helm vllm
 	KVSCALE_K8S_BIN=$(K8S_BIN) KVSCALE_HELM=$(HELM) $(PYTEST) e2e/tests
 
-test: prereqs lint typecheck imports test-unit test-engine test-controlplane test-e2e
+# the real node (docs/real-node.md): the upstream kubelet (e2e/k8sbin/build.sh kubelet) and the
+# pause and busybox images (e2e/real-node/build-images.sh), each built once and cached
+real-node: k8s
+	$(MAKE) system-deps REAL=1
+	e2e/k8sbin/build.sh kubelet >/dev/null
+	e2e/real-node/build-images.sh >/dev/null
+
+test-real: prereqs venv real-node
+	KVSCALE_K8S_BIN=$(K8S_BIN) KVSCALE_REAL_NODE_IMAGES=$(REAL_NODE_IMAGES) $(PYTEST) e2e/real
+
+test: prereqs lint typecheck imports test-unit test-engine test-controlplane test-e2e test-real
 
 # a clean clone of HEAD in a fresh Debian 12 container runs FRESH_TARGETS (default: prereqs lint
 # typecheck imports test-unit test-engine); CI runs it after `make test`
@@ -93,6 +106,12 @@ demo: prereqs venv system-deps k8s
 
 cluster-up: prereqs venv system-deps k8s
 	KVSCALE_K8S_BIN=$(K8S_BIN) $(E2E_PATH) $(BIN)/python -m kvscale_cluster up
+
+# the local cluster plus a third node, kvscale-real-1 (label kvscale.dev/node-kind=real), under the
+# upstream kubelet with containerd, runc and CNI (docs/real-node.md)
+cluster-up-real: prereqs venv system-deps real-node
+	KVSCALE_REAL_NODE=1 KVSCALE_POD_NETWORK=netns KVSCALE_K8S_BIN=$(K8S_BIN) \
+		KVSCALE_REAL_NODE_IMAGES=$(REAL_NODE_IMAGES) $(E2E_PATH) $(BIN)/python -m kvscale_cluster up
 
 cluster-down: venv
 	$(E2E_PATH) $(BIN)/python -m kvscale_cluster down

@@ -3,19 +3,22 @@
 # unit tier's rule tests, `prometheus` started by the cluster launcher, never as a service),
 # iproute2 (`ip netns`, veth, bridge for pod networking), iptables (the local cluster enforces
 # NetworkPolicy with iptables-restore) and the CA bundle. With `--fresh-check`
-# also Docker's engine and debootstrap, which the fresh-machine check (`make test-fresh`) needs.
+# also Docker's engine and debootstrap, which the fresh-machine check (`make test-fresh`) needs;
+# with `--real-node` the real node's containerd, runc and CNI plugins, Docker's engine (it turns
+# root file systems into image tarballs) and gcc with a static libc (the pause binary).
 # Idempotent: does nothing when all are present. Python, Go and root are checked by
 # e2e/check-prereqs.sh (`make prereqs`), not installed.
 #
-# Usage: e2e/install-system-deps.sh [--fresh-check] [--list]
+# Usage: e2e/install-system-deps.sh [--fresh-check] [--real-node] [--list]
 #   --list  print the missing packages (one line, space-separated) and install nothing
 set -euo pipefail
-fresh=0 list=0
+fresh=0 list=0 real=0
 for arg in "$@"; do
   case "$arg" in
     --fresh-check) fresh=1 ;;
+    --real-node) real=1 ;;
     --list) list=1 ;;
-    *) echo "usage: $0 [--fresh-check] [--list]" >&2; exit 2 ;;
+    *) echo "usage: $0 [--fresh-check] [--real-node] [--list]" >&2; exit 2 ;;
   esac
 done
 
@@ -28,6 +31,14 @@ have iptables-restore || need+=(iptables)
 if [ "$fresh" = 1 ]; then
   have dockerd || need+=(docker.io)
   have debootstrap || need+=(debootstrap)
+fi
+if [ "$real" = 1 ]; then
+  { have containerd && have ctr; } || need+=(containerd)
+  have runc || need+=(runc)
+  [ -x /usr/lib/cni/bridge ] && [ -x /usr/lib/cni/host-local ] || need+=(containernetworking-plugins)
+  { [ "$fresh" = 1 ] || have dockerd; } || need+=(docker.io)
+  have gcc || need+=(gcc)
+  [ -e /usr/lib/x86_64-linux-gnu/libc.a ] || need+=(libc6-dev)
 fi
 
 if [ "$list" = 1 ]; then

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds kube-apiserver, kube-controller-manager, kube-scheduler and etcd from Go modules into
+# Builds kube-apiserver, kube-controller-manager, kube-scheduler and etcd (or the binaries named as
+# arguments: `build.sh kubelet` for the real node, docs/real-node.md) from Go modules into
 # ${KVSCALE_CACHE:-~/.cache/kvscale}/k8s/<version>/ once; later calls reuse the cache.
 # Prints the binary folder on stdout.
 set -euo pipefail
@@ -7,6 +8,7 @@ cd "$(dirname "$0")"
 version=$(cat VERSION)
 out="${KVSCALE_CACHE:-$HOME/.cache/kvscale}/k8s/${version}"
 bins=(kube-apiserver kube-controller-manager kube-scheduler etcd)
+[ $# -gt 0 ] && bins=("$@")
 missing=0
 for b in "${bins[@]}"; do [ -x "$out/$b" ] || missing=1; done
 if [ "$missing" = 1 ]; then
@@ -19,6 +21,6 @@ if [ "$missing" = 1 ]; then
     CGO_ENABLED=0 go build -trimpath -ldflags "$ldflags" -o "$out/$b.tmp" "./cmd/$b" >&2
     mv "$out/$b.tmp" "$out/$b"
   done
-  echo "Built control plane in $(( $(date +%s) - start )) s" >&2
+  echo "Built ${bins[*]} in $(( $(date +%s) - start )) s" >&2
 fi
 echo "$out"

@@ -13,13 +13,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import control_plane, netns, process
+from . import control_plane, netns, process, real_node
 from .binaries import k8s_bin_dir
 from .config import ClusterConfig, NodeConfig, nodes_from_json, nodes_to_json
 from .kube_api import KubeApi
 from .kube_proxy import start_kube_proxy, wait_kube_proxy
 from .kubeconfig import write_kubeconfig
-from .pki import ADMIN_USER, create_pki
+from .pki import ADMIN_USER, Pki, create_pki
 from .policy_controller import start_policy_controller, wait_policy_controller
 from .prometheus import start_prometheus
 from .wait import GiveUp, wait_for
@@ -243,6 +243,28 @@ class Cluster:
                 self._record(component)
         control_plane.wait_controllers(kcm, scheduler, ep)
         self._wait_nodes(config, kubelet)
+        if config.real_node:
+            self._start_real_node(pki, bin_dir)
+
+    def _start_real_node(self, pki: Pki, bin_dir: Path) -> None:
+        if self.state.network != "netns":
+            raise real_node.RealNodeError("The real node needs the netns pod network (a bridge)")
+        api = KubeApi(self.api_url, self.token, self.state.ca_path)
+        real_node.grant_node_role(api)
+        real_node.publish_api_endpoint(api, self.api_url)
+        started = real_node.start(
+            self.directory / "real-node",
+            pki,
+            self.api_url,
+            self.host_ip,
+            self.state.slot,
+            bin_dir,
+            self.logs_dir,
+        )
+        for component in started:
+            self._record(component)
+        real_node.join(api, started[-1])
+        api.close()
 
     def _wait_nodes(self, config: ClusterConfig, kubelet: process.Component) -> None:
         api = KubeApi(self.api_url, self.token, self.state.ca_path)
@@ -270,6 +292,8 @@ class Cluster:
 
     def stop(self) -> None:
         """Stop every component by PID (kubelet first, so pods end gracefully) and clean up."""
+        if any(name in self.state.pids for name in real_node.COMPONENTS):
+            real_node.stop(self.directory / "real-node", self.state.slot, self.state.pids)
         for name in STOP_ORDER:
             pid = self.state.pids.get(name)
             if pid is not None:

@@ -39,6 +39,7 @@ class ClusterConfig:
     nodes: tuple[NodeConfig, ...] = field(default_factory=default_nodes)
     network: str = "auto"
     prometheus: bool = True
+    real_node: bool = False  # a third node under the upstream kubelet (real_node.py)
 
     def __post_init__(self) -> None:
         if self.network not in NETWORK_MODES:
@@ -49,7 +50,7 @@ class ClusterConfig:
     @classmethod
     def from_env(cls) -> ClusterConfig:
         """Defaults, overridden by ``KVSCALE_CLUSTER_NODES`` ("name:gpus,name:gpus") and
-        ``KVSCALE_POD_NETWORK``."""
+        ``KVSCALE_POD_NETWORK``; ``KVSCALE_REAL_NODE=1`` adds the real node."""
         spec = os.environ.get("KVSCALE_CLUSTER_NODES", "")
         nodes = default_nodes()
         if spec:
@@ -57,7 +58,11 @@ class ClusterConfig:
                 NodeConfig(name=item.split(":")[0], gpus=int(item.split(":")[1] or 0))
                 for item in spec.split(",")
             )
-        return cls(nodes=nodes, network=os.environ.get("KVSCALE_POD_NETWORK", "auto"))
+        return cls(
+            nodes=nodes,
+            network=os.environ.get("KVSCALE_POD_NETWORK", "auto"),
+            real_node=os.environ.get("KVSCALE_REAL_NODE") == "1",
+        )
 
 
 def nodes_to_json(nodes: tuple[NodeConfig, ...]) -> str:

@@ -172,6 +172,8 @@ def start_apiserver(
         # kubectl logs: the process kubelet serves them on the node's InternalIP
         "--kubelet-preferred-address-types=InternalIP",
         f"--kubelet-certificate-authority={pki.ca_cert}",
+        f"--kubelet-client-certificate={pki.kubelet_client_cert}",
+        f"--kubelet-client-key={pki.kubelet_client_key}",
         "--profiling=false",
         f"--audit-policy-file={policy}",
         f"--audit-log-path={audit_log(work)}",

@@ -2,10 +2,11 @@
 
 Each cluster holds a *slot* N in 1..250 and owns subnet 10.244.N.0/24: the bridge ``kvsbrN`` has
 10.244.N.1 (the host side, where the API server and Prometheus also listen so pods reach them) and
-pods get 10.244.N.2-254. The cluster's Service range 10.96.N.0/24 is routed as local on the bridge,
-so the host owns every ClusterIP (``kube_proxy.py`` listens there), and each pod's namespace gets
-a ``resolv.conf`` naming the cluster DNS on 10.244.N.1 (``ip netns exec`` bind-mounts
-``/etc/netns/<namespace>/resolv.conf`` over ``/etc/resolv.conf``). Nothing is routed off the
+pods get 10.244.N.2-191 (.192-.254 are the real node's, ``real_node.py``). The cluster's Service
+range 10.96.N.0/24 is routed as local on the bridge, so the host owns every ClusterIP
+(``kube_proxy.py`` listens there), and each pod's namespace gets a ``resolv.conf`` naming the
+cluster DNS on 10.244.N.1 (``ip netns exec`` bind-mounts ``/etc/netns/<namespace>/resolv.conf``
+over ``/etc/resolv.conf``). Nothing is routed off the
 machine: there is no NAT and no default route beyond the bridge. A slot's registry file lists
 the PIDs of the cluster that holds it; a slot whose PIDs are all dead belongs to a crashed run,
 and its namespaces, veths and bridge are removed before it is reused. Where namespaces cannot be
@@ -34,6 +35,7 @@ from .process import alive
 REGISTRY = Path(os.environ.get("KVSCALE_NET_REGISTRY", "/run/kvscale/slots"))
 NETNS_ETC = Path("/etc/netns")
 SLOTS = range(1, 251)
+POD_INDEXES = range(2, 192)  # .192-.254 are the real node's (real_node.py, host-local)
 
 
 class NetworkError(RuntimeError):
@@ -176,7 +178,7 @@ class PodNetwork(abc.ABC):
         """The host's address as pods see it."""
 
     def _next_index(self) -> int:
-        index = next(i for i in range(2, 255) if i not in self._used)
+        index = next(i for i in POD_INDEXES if i not in self._used)
         self._used.add(index)
         return index
 

@@ -18,6 +18,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 ADMIN_USER = "kvscale-admin"
+KUBELET_CLIENT = "kube-apiserver-kubelet-client"
 VALIDITY = datetime.timedelta(days=30)
 
 
@@ -33,6 +34,8 @@ class Pki:
     sa_pub: Path
     token_file: Path
     admin_token: str
+    kubelet_client_cert: Path
+    kubelet_client_key: Path
 
 
 def _key() -> rsa.RSAPrivateKey:
@@ -83,27 +86,40 @@ def _ca(key: rsa.RSAPrivateKey) -> x509.Certificate:
     )
 
 
-def _serving(
-    key: rsa.RSAPrivateKey, ca: x509.Certificate, ca_key: rsa.RSAPrivateKey, ips: list[str]
+def _leaf(
+    key: rsa.RSAPrivateKey,
+    ca: x509.Certificate,
+    ca_key: rsa.RSAPrivateKey,
+    subject: x509.Name,
+    usages: list[x509.ObjectIdentifier],
+    sans: list[x509.GeneralName],
 ) -> x509.Certificate:
     now = datetime.datetime.now(datetime.UTC)
-    dns = ["localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"]
-    dns.append("kubernetes.default.svc.cluster.local")
-    sans: list[x509.GeneralName] = [x509.DNSName(d) for d in dns]
-    sans += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ips]
-    return (
+    builder = (
         x509.CertificateBuilder()
-        .subject_name(_name("kube-apiserver"))
+        .subject_name(subject)
         .issuer_name(ca.subject)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - datetime.timedelta(minutes=5))
         .not_valid_after(now + VALIDITY)
-        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .sign(ca_key, hashes.SHA256())
     )
+    if sans:
+        builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
+    return builder.sign(ca_key, hashes.SHA256())
+
+
+def _serving(
+    key: rsa.RSAPrivateKey, ca: x509.Certificate, ca_key: rsa.RSAPrivateKey, ips: list[str]
+) -> x509.Certificate:
+    dns = ["localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"]
+    dns.append("kubernetes.default.svc.cluster.local")
+    sans: list[x509.GeneralName] = [x509.DNSName(d) for d in dns]
+    sans += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ips]
+    usages = [ExtendedKeyUsageOID.SERVER_AUTH]
+    return _leaf(key, ca, ca_key, _name("kube-apiserver"), usages, sans)
 
 
 def create_pki(directory: Path, server_ips: list[str]) -> Pki:
@@ -118,6 +134,8 @@ def create_pki(directory: Path, server_ips: list[str]) -> Pki:
         sa_pub=directory / "sa.pub",
         token_file=directory / "tokens.csv",
         admin_token=secrets.token_hex(24),
+        kubelet_client_cert=directory / "apiserver-kubelet-client.crt",
+        kubelet_client_key=directory / "apiserver-kubelet-client.key",
     )
     ca_key, serving_key, sa_key = _key(), _key(), _key()
     ca = _ca(ca_key)
@@ -135,4 +153,27 @@ def create_pki(directory: Path, server_ips: list[str]) -> Pki:
     # token,user,uid,"group1,group2"
     pki.token_file.write_text(f'{pki.admin_token},{ADMIN_USER},{ADMIN_USER},"system:masters"\n')
     pki.token_file.chmod(0o600)
+    # the API server's identity towards a real kubelet (logs, exec), which authorises it by CA
+    issue_certificate(
+        pki, pki.kubelet_client_cert, pki.kubelet_client_key, KUBELET_CLIENT, ["system:masters"], []
+    )
     return pki
+
+
+def issue_certificate(
+    pki: Pki, cert: Path, key: Path, cn: str, organizations: list[str], ips: list[str]
+) -> None:
+    """Write a key and a certificate from the cluster CA for ``cn`` (groups ``organizations``):
+    a client certificate the API server accepts (``--client-ca-file``), also serving ``ips``
+    when given (the real node's kubelet, which the API server checks against the same CA)."""
+    ca = x509.load_pem_x509_certificate(pki.ca_cert.read_bytes())
+    ca_key = serialization.load_pem_private_key(pki.ca_key.read_bytes(), password=None)
+    assert isinstance(ca_key, rsa.RSAPrivateKey)
+    leaf_key = _key()
+    names = [x509.NameAttribute(NameOID.ORGANIZATION_NAME, o) for o in organizations]
+    subject = x509.Name([*names, x509.NameAttribute(NameOID.COMMON_NAME, cn)])
+    usages = [ExtendedKeyUsageOID.CLIENT_AUTH] + ([ExtendedKeyUsageOID.SERVER_AUTH] if ips else [])
+    sans: list[x509.GeneralName] = [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ips]
+    _write_key(leaf_key, key)
+    leaf = _leaf(leaf_key, ca, ca_key, subject, usages, sans)
+    cert.write_bytes(leaf.public_bytes(serialization.Encoding.PEM))
