@@ -11,7 +11,11 @@ simulator and the decide benchmark all hold one. The law:
   refused and router-held requests, at the mean tokens of a request) to be cleared in one interval;
 - forecasts that demand over the horizon a new replica needs to help (its measured start-up time
   plus one interval) and sizes for the larger of forecast and now: ceil(demand·(1+headroom)/c),
-  where c is the per-replica capacity learned online (`replica_capacity`);
+  where c is the per-replica capacity learned online: the throughput replicas carried within the
+  SLO and broke it at (`replica_capacity`), raised to what the engines' latency says one replica
+  carries within the SLO (`latency_model`) once that fit is sure, at most `MODEL_MULTIPLE` times
+  the throughput seen within the SLO, and not at all while it exceeds a throughput at which the
+  SLO broke; the decision's sentence names the source;
 - goes up at once when the endpoint is in trouble (queue growing, p99 TTFT above
   `TTFT_EVIDENCE` of the SLO while requests wait, KV cache above 0.9, preemptions rising): a
   panic step of up to double the ready replicas per interval, counting replicas already starting;
@@ -46,6 +50,7 @@ from kvscale.api.v1alpha1 import LLMEndpointSpec
 from kvscale.controllers.deferred import required_tokens_per_s
 from kvscale.controllers.demand import demand, needed, request_tokens
 from kvscale.controllers.forecast import Forecaster
+from kvscale.controllers.latency_model import LatencyModel
 from kvscale.controllers.replica_capacity import Observation, ReplicaCapacity
 from kvscale.signals.snapshot import Snapshot
 
@@ -62,6 +67,10 @@ MIN_EVIDENCE_TOKENS_PER_S = 1.0  # less than this per replica teaches nothing ab
 # was above 10 s, with requests waiting)
 TTFT_EVIDENCE = 0.75
 HISTORY_FLOOR_S = 600.0  # the history covers at least this much, whatever the stabilization
+# the latency model may size a replica for at most this multiple of the throughput one carried
+# within the SLO: beyond its data a line is optimistic (tail latency turns up sharply near a full
+# batch), so the estimate climbs with the load it has seen, by at most this factor ahead of it
+MODEL_MULTIPLE = 2.0
 
 
 @dataclass(frozen=True)
@@ -75,6 +84,28 @@ class CapacityState:
     startup_s: float | None = None
     forecaster: Forecaster = field(default_factory=Forecaster)
     capacity: ReplicaCapacity = field(default_factory=ReplicaCapacity)
+    model: LatencyModel = field(default_factory=LatencyModel)
+
+    def replica_capacity(self, spec: LLMEndpointSpec) -> tuple[float, str]:
+        """What one replica carries within the SLO (tokens/s), and where the figure came from."""
+        prior = spec.scaling.replica_capacity_tokens_per_second
+        seen = self.capacity.value(prior)
+        bounds = self.capacity
+        if bounds.low is None and bounds.high is None:
+            source = "the spec's prior" if prior is not None else "the default prior"
+        else:
+            source = "learned from throughput"
+        slo = spec.slo
+        solved = self.model.capacity(TTFT_EVIDENCE * slo.ttft_p99_seconds, slo.itl_p99_seconds)
+        # a line that puts the SLO beyond a throughput at which it broke is contradicted by what
+        # the replicas did: it is not used until the break is forgotten or the line steepens
+        contradicted = bounds.high is not None and solved is not None and solved > bounds.high
+        if solved is None or bounds.low is None or contradicted:
+            return seen, source
+        value = min(solved, MODEL_MULTIPLE * bounds.low)
+        if value <= seen:
+            return seen, source
+        return value, "solved from the latency model"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -86,6 +117,7 @@ class CapacityState:
             data = dict(raw or {})
             data["forecaster"] = Forecaster(**(data.get("forecaster") or {}))
             data["capacity"] = ReplicaCapacity(**(data.get("capacity") or {}))
+            data["model"] = LatencyModel.from_dict(data.get("model"))
             return cls(**data)
         except TypeError:
             return cls()
@@ -102,6 +134,7 @@ class Decision:
     per_replica_tokens_per_s: float = 0.0
     victim: str | None = None
     deferred_tokens_per_s: float = 0.0  # the rate the deferred backlog's deadlines require
+    capacity_source: str = ""  # where per_replica_tokens_per_s came from
 
 
 @dataclass(frozen=True)
@@ -115,6 +148,7 @@ class _Tick:
     peak: float
     forecast: float
     capacity: float
+    capacity_source: str
     horizon: float
     deferred: float  # tokens/s the deferred backlog's deadlines require
 
@@ -165,14 +199,18 @@ def decide(
     want, reason, message = _choose(history, spec, state, tick)
     # what this interval teaches about a replica's capacity sizes the next decisions, not this
     # one: sizing stays monotone in demand
-    learned = replace(state, capacity=_learn_capacity(snap, spec, state.capacity))
+    learned = replace(
+        state,
+        capacity=_learn_capacity(snap, spec, state.capacity),
+        model=_learn_model(snap, state.model),
+    )
     return _finish(want, reason, message, history, spec, learned, tick)
 
 
 def _hold(held: int, spec: LLMEndpointSpec, state: CapacityState, message: str) -> Decision:
     scaling = spec.scaling
     desired = min(max(held, scaling.min_replicas), scaling.max_replicas)
-    est = state.capacity.value(scaling.replica_capacity_tokens_per_second)
+    est, source = state.replica_capacity(spec)
     return Decision(
         desired,
         "MetricsUnavailable",
@@ -180,6 +218,7 @@ def _hold(held: int, spec: LLMEndpointSpec, state: CapacityState, message: str) 
         replace(state, desired=desired),
         forecast_tokens_per_s=state.forecaster.level or 0.0,
         per_replica_tokens_per_s=est,
+        capacity_source=source,
     )
 
 
@@ -245,6 +284,14 @@ def _learn_capacity(
     return capacity.learn(seen)
 
 
+def _learn_model(snap: Snapshot, model: LatencyModel) -> LatencyModel:
+    """Each replica that served this interval: its tokens/s against its p99 TTFT and ITL."""
+    served = [r for r in snap.replicas if r.tokens_per_s >= MIN_EVIDENCE_TOKENS_PER_S]
+    ttft = [(r.tokens_per_s, r.latency.ttft_p99) for r in served if r.latency.ttft_p99]
+    itl = [(r.tokens_per_s, r.latency.itl_p99) for r in served if r.latency.itl_p99]
+    return model.learn(ttft, itl)
+
+
 def _tick(
     history: Sequence[Snapshot], spec: LLMEndpointSpec, state: CapacityState, now: float
 ) -> _Tick:
@@ -262,6 +309,7 @@ def _tick(
         snap, _previous(history), interval, reaction, spec.model.max_model_len
     )
     peak = max([*recent, now_demand])
+    capacity, source = state.replica_capacity(spec)
     return _Tick(
         now=now,
         current=snap.fleet.current,
@@ -269,7 +317,8 @@ def _tick(
         demand=now_demand,
         peak=peak,
         forecast=state.forecaster.predict(now + horizon) if horizon else now_demand,
-        capacity=state.capacity.value(scaling.replica_capacity_tokens_per_second),
+        capacity=capacity,
+        capacity_source=source,
         horizon=horizon,
         deferred=_deferred_rate(snap, interval, spec.model.max_model_len),
     )
@@ -334,7 +383,8 @@ def _choose(
     want = _with_deferred(load, tick, scaling.headroom)
     sizing = (
         f"demand {tick.demand:.0f} tokens/s, forecast {tick.forecast:.0f} over "
-        f"{tick.horizon:.0f} s, {tick.capacity:.0f} tokens/s per replica"
+        f"{tick.horizon:.0f} s, {tick.capacity:.0f} tokens/s per replica "
+        f"({tick.capacity_source})"
     )
     if tick.deferred > 0:
         sizing += f", deferred work due at {tick.deferred:.0f} tokens/s"
@@ -471,6 +521,7 @@ def _finish(
         per_replica_tokens_per_s=tick.capacity,
         victim=victim,
         deferred_tokens_per_s=tick.deferred,
+        capacity_source=tick.capacity_source,
     )
 
 

@@ -5,13 +5,22 @@ from __future__ import annotations
 import itertools
 import json
 import random
+from dataclasses import replace
 
 from capacity_plant import Plant, run, spec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvscale.controllers.capacity import CapacityState, decide
+from kvscale.api.v1alpha1 import LLMEndpointSpec
+from kvscale.controllers.capacity import (
+    MODEL_MULTIPLE,
+    CapacityLaw,
+    CapacityState,
+    Decision,
+    decide,
+)
 from kvscale.controllers.demand import needed
+from kvscale.controllers.latency_model import MIN_INTERVALS
 from kvscale.signals.snapshot import Fleet, Latency, Problem, ReplicaSignals, Snapshot
 
 
@@ -294,3 +303,95 @@ def test_a_long_prompt_burst_read_in_the_bucket_below_the_slo_adds_replicas() ->
     assert burst.desired == 5 and burst.reason == "TTFTAboveSLO"
     assert burst.state.capacity.high == 10000.0  # what a replica carried when the SLO broke
     assert decisions[-1].per_replica_tokens_per_s <= 10000.0
+
+
+# --- capacity the law can see: the latency model --------------------------------------
+
+SLO_CAPACITY = 1000.0  # tokens/s at which this replica's p99 TTFT reaches 0.75 x its 2 s SLO
+IDLE_TTFT_S = 0.03  # the demo's tiny endpoint, lightly loaded
+# an M/M/1-shaped TTFT, IDLE / (1 - load / MU), reaching 1.5 s at SLO_CAPACITY
+MU = SLO_CAPACITY / (1 - IDLE_TTFT_S / 1.5)
+
+
+def _light(load: float, now: float, rng: random.Random, replicas: int = 1) -> Snapshot:
+    """One interval of `replicas` replicas at `load` tokens/s each: latency from the queueing
+    shape with 3% noise, nothing waiting, KV mostly free."""
+
+    def one(i: int) -> ReplicaSignals:
+        ttft = IDLE_TTFT_S / (1 - load / MU) * (1 + rng.gauss(0, 0.03))
+        itl = (0.02 + 0.00002 * load) * (1 + rng.gauss(0, 0.03))
+        return ReplicaSignals(
+            pod=f"p{i}",
+            prompt_tokens_per_s=0.3 * load,
+            generation_tokens_per_s=0.7 * load,
+            running=load / 200,
+            successes_per_s=load / 63,
+            kv_usage=load / 4 / SLO_CAPACITY,
+            latency=Latency(ttft_p99=ttft, itl_p99=itl),
+        )
+
+    reps = tuple(one(i) for i in range(replicas))
+    return Snapshot(
+        taken_at=now,
+        window_s=60,
+        replicas=reps,
+        latency=reps[0].latency,
+        fleet=Fleet(current=replicas, ready=replicas, startup_seconds=60),
+    )
+
+
+def _trajectory(
+    levels: list[float],
+    endpoint: LLMEndpointSpec,
+    seed: int = 4,
+    flat: bool = False,
+    spread: float = 0.2,
+) -> list[Decision]:
+    """One replica's decisions; its load moves within +-`spread` of each level (requests come
+    and go); `flat`: its latency does not move with load."""
+    rng = random.Random(seed)
+    law = CapacityLaw(CapacityState(desired=1))
+    out = []
+    for i, level in enumerate(levels):
+        snap = _light(level * rng.uniform(1 - spread, 1 + spread), 60.0 * i, rng)
+        if flat:
+            still = Latency(ttft_p99=IDLE_TTFT_S, itl_p99=0.02)
+            snap = replace(snap, replicas=tuple(replace(r, latency=still) for r in snap.replicas))
+        out.append(law.decide(snap, endpoint, 60.0 * i))
+    return out
+
+
+def test_an_endpoint_at_a_fifth_of_its_capacity_is_not_scaled_up() -> None:
+    """The demo's finding: a prior of 150 tokens/s sized a replica that carried 200 tokens/s at
+    p99 TTFT 0.03 s as full. Once the latency model is sure (MIN_INTERVALS), the replica's
+    latency says it carries far more, and the endpoint stays at one replica."""
+    endpoint = spec(replicaCapacityTokensPerSecond=150, maxReplicas=3)
+    decisions = _trajectory([0.2 * SLO_CAPACITY] * 30, endpoint)
+    assert needed(0.2 * SLO_CAPACITY, 150, 0.2) == 2  # the prior alone would add a replica
+    sure = decisions[int(MIN_INTERVALS) + 2 :]
+    assert counts(sure) == [1] * len(sure)
+    assert all(d.capacity_source == "solved from the latency model" for d in sure)
+    assert all("latency model" in d.message for d in sure)
+    # bounded by what was observed: at most MODEL_MULTIPLE x the load carried within the SLO
+    assert max(d.per_replica_tokens_per_s for d in sure) <= MODEL_MULTIPLE * 1.2 * 200
+
+
+def test_flat_latency_falls_back_to_the_observed_capacity() -> None:
+    """Latency that does not move with load says nothing: sized as before, and the prior and
+    the throughput seen add a replica for the same load at some point."""
+    endpoint = spec(replicaCapacityTokensPerSecond=150, maxReplicas=3)
+    decisions = _trajectory([0.2 * SLO_CAPACITY] * 30, endpoint, flat=True)
+    assert {d.capacity_source for d in decisions[1:]} == {"learned from throughput"}
+    assert max(counts(decisions[int(MIN_INTERVALS) + 2 :])) == 2
+
+
+def test_an_endpoint_near_its_capacity_still_scales_up() -> None:
+    """The same replica at 90% (+-10%) of what it carries within the SLO: the model's
+    conservative solution stays below SLO_CAPACITY, so demand with the headroom needs a second
+    replica."""
+    endpoint = spec(replicaCapacityTokensPerSecond=150, maxReplicas=3)
+    levels = [0.2 * SLO_CAPACITY] * 15 + [0.5 * SLO_CAPACITY] * 10 + [0.9 * SLO_CAPACITY] * 10
+    decisions = _trajectory(levels, endpoint, spread=0.1)
+    assert counts(decisions[15:25]).count(1) >= 8  # half its capacity: one replica will do
+    assert all(d.per_replica_tokens_per_s <= SLO_CAPACITY for d in decisions)
+    assert min(counts(decisions[26:])) == 2
