@@ -159,7 +159,11 @@ def run_law_only(result: dict[str, Any]) -> dict[str, Any]:
         initial = int(orc.needed_per_minute(demand[:1], cap, sc.min_replicas, sc.max_replicas)[0])
         wl = workload_of(scenario)
         rec = simulate(wl, spec, profile, Kvscale(spec), initial, scenario.settings)
-        before = {"policy": report["policies"]["kvscale"], "tuning": report["tuning"]["kvscale"]}
+        # the figures of the full run the baselines came from, kept across law-only reruns
+        before = (report.get("law_only") or {}).get("kvscale_before") or {
+            "policy": report["policies"]["kvscale"],
+            "tuning": report["tuning"]["kvscale"],
+        }
         duration_s = report["hours"] * 3600
         mine = policy_summary(rec, spec, duration_s)
         oracle = report["policies"]["oracle"]["gpu_hours"]
