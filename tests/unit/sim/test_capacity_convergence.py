@@ -1,7 +1,9 @@
 """The capacity the law learns in the simulator converges to the profile's: from a prior at half
 of it, the latency model's estimate is within 25% of the calibrated capacity (the Poisson load a
-replica carries within the SLO) from the 10th capacity interval on, and the law sizes with it,
-within the same band, from the 40th interval on (20 minutes at 30 s intervals)."""
+replica carries within the SLO) from the 10th capacity interval on; the law sizes within that band
+from the 40th interval on (first from the throughput it saw: the start-up's overload is a break
+within twice what held, which keeps the model out until it is forgotten), and from the 80th
+(40 minutes at 30 s intervals) with the model's estimate, within 10% of the profile's."""
 
 from __future__ import annotations
 
@@ -18,8 +20,10 @@ from kvscale.sim.run import Settings, limits_for, simulate, targets_for
 from kvscale_cluster.specs import spec_body
 
 MODEL_BY = 10  # intervals until the latency model's estimate is within the band
-LAW_BY = 40  # intervals until the law sizes with it
+LAW_BY = 40  # intervals until the law sizes within the band
+SOLVED_BY = 80  # intervals until the law sizes with the model's estimate, within CLOSE
 BAND = 0.25
+CLOSE = 0.1
 
 MODEL = {"name": "sim", "source": {"dummy": {"preset": "llama-3-8b"}}, "maxModelLen": 8192}
 ENGINE = {"maxNumSeqs": 64, "maxNumBatchedTokens": 2048}
@@ -68,7 +72,8 @@ def test_learned_capacity_converges_to_the_profiles() -> None:
 
     solved = [s for _, _, s in seen[MODEL_BY:]]
     assert all(s is not None and abs(s / c - 1) <= BAND for s in solved), solved
-    sized = seen[LAW_BY:]
-    assert {source for _, source, _ in sized} == {"solved from the latency model"}
-    assert all(abs(used / c - 1) <= BAND for used, _, _ in sized)
+    assert all(abs(used / c - 1) <= BAND for used, _, _ in seen[LAW_BY:])
+    solved_late = seen[SOLVED_BY:]
+    assert {source for _, source, _ in solved_late} == {"solved from the latency model"}
+    assert all(abs(used / c - 1) <= CLOSE for used, _, _ in solved_late)
     assert seen[0][2] is None  # the model knew nothing at first
