@@ -95,7 +95,7 @@ class CapacityLoop:
     def replica_tokens_per_s(self, spec: api.LLMEndpointSpec) -> float:
         """A replica's capacity at the SLO: what the law has learned, else the spec's prior."""
         state = self.law.state if self.law is not None else CapacityState()
-        return state.capacity.value(spec.scaling.replica_capacity_tokens_per_second)
+        return state.replica_capacity(spec)[0]
 
     def conditions(self) -> list[Cond]:
         out = [loops.metrics_condition(self.latest)] if self.latest is not None else []

@@ -11,9 +11,14 @@ simulator and the decide benchmark all hold one. The law:
   refused and router-held requests, at the mean tokens of a request) to be cleared in one interval;
 - forecasts that demand over the horizon a new replica needs to help (its measured start-up time
   plus one interval) and sizes for the larger of forecast and now: ceil(demand·(1+headroom)/c),
-  where c is the per-replica capacity learned online (`replica_capacity`);
+  where c is the per-replica capacity learned online: the throughput replicas carried within the
+  SLO and broke it at (`replica_capacity`), raised to what the engines' latency says one replica
+  carries within the SLO (`latency_model`) once that fit is sure, at most `MODEL_MULTIPLE` times
+  the throughput seen within the SLO, and not at all while a throughput at which the SLO broke
+  lies below that; the decision's sentence names the source;
 - goes up at once when the endpoint is in trouble (queue growing, p99 TTFT above
-  `TTFT_EVIDENCE` of the SLO while requests wait, KV cache above 0.9, preemptions rising): a
+  `TTFT_EVIDENCE` of the SLO while requests wait and replicas carry `EVIDENCE_LOAD` of their
+  capacity, KV cache above 0.9, preemptions rising): a
   panic step of up to double the ready replicas per interval, counting replicas already starting;
   deferred work waiting in or preempted by the engines (by design) is no trouble;
 - goes down slowly: only after fewer replicas would have done for `scaleDownStabilizationSeconds`,
@@ -46,6 +51,7 @@ from kvscale.api.v1alpha1 import LLMEndpointSpec
 from kvscale.controllers.deferred import required_tokens_per_s
 from kvscale.controllers.demand import demand, needed, request_tokens
 from kvscale.controllers.forecast import Forecaster
+from kvscale.controllers.latency_model import LatencyModel
 from kvscale.controllers.replica_capacity import Observation, ReplicaCapacity
 from kvscale.signals.snapshot import Snapshot
 
@@ -61,7 +67,16 @@ MIN_EVIDENCE_TOKENS_PER_S = 1.0  # less than this per replica teaches nothing ab
 # prompts take seconds to prefill (Mooncake at a 10 s SLO: 7.9-9.3 s read in minutes whose p99
 # was above 10 s, with requests waiting)
 TTFT_EVIDENCE = 0.75
+# ... but only while the replicas carry at least this share of their capacity: below it, such a
+# tail is the workload's (long prompts prefilling on a replica with room to spare), which more
+# replicas do not shorten; on Mooncake at a 10 s SLO reads of 7.7-8 s at 45-65% of the capacity
+# added 20-30 replicas each, then consolidated one a minute (1.9x the oracle, 100% SLO minutes)
+EVIDENCE_LOAD = 0.75
 HISTORY_FLOOR_S = 600.0  # the history covers at least this much, whatever the stabilization
+# the latency model may size a replica for at most this multiple of the throughput one carried
+# within the SLO: beyond its data a line is optimistic (tail latency turns up sharply near a full
+# batch), so the estimate climbs with the load it has seen, by at most this factor ahead of it
+MODEL_MULTIPLE = 2.0
 
 
 @dataclass(frozen=True)
@@ -75,6 +90,32 @@ class CapacityState:
     startup_s: float | None = None
     forecaster: Forecaster = field(default_factory=Forecaster)
     capacity: ReplicaCapacity = field(default_factory=ReplicaCapacity)
+    model: LatencyModel = field(default_factory=LatencyModel)
+
+    def replica_capacity(self, spec: LLMEndpointSpec) -> tuple[float, str]:
+        """What one replica carries within the SLO (tokens/s), and where the figure came from."""
+        prior = spec.scaling.replica_capacity_tokens_per_second
+        seen = self.capacity.value(prior)
+        bounds = self.capacity
+        if bounds.low is None and bounds.high is None:
+            source = "the spec's prior" if prior is not None else "the default prior"
+        else:
+            source = "learned from throughput"
+        slo = spec.slo
+        solved = self.model.capacity(TTFT_EVIDENCE * slo.ttft_p99_seconds, slo.itl_p99_seconds)
+        if solved is None or bounds.low is None:
+            return seen, source
+        # the model sizes within MODEL_MULTIPLE of what held, and only where that whole range lies
+        # below any throughput at which the SLO broke: a break closer than that says more than a
+        # line (an engine whose latency turns up at once shows nothing before it), until it is
+        # forgotten
+        bound = MODEL_MULTIPLE * bounds.low
+        if bounds.high is not None and bounds.high < bound:
+            return seen, source
+        value = min(solved, bound)
+        if value <= seen:
+            return seen, source
+        return value, "solved from the latency model"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -86,6 +127,7 @@ class CapacityState:
             data = dict(raw or {})
             data["forecaster"] = Forecaster(**(data.get("forecaster") or {}))
             data["capacity"] = ReplicaCapacity(**(data.get("capacity") or {}))
+            data["model"] = LatencyModel.from_dict(data.get("model"))
             return cls(**data)
         except TypeError:
             return cls()
@@ -102,6 +144,7 @@ class Decision:
     per_replica_tokens_per_s: float = 0.0
     victim: str | None = None
     deferred_tokens_per_s: float = 0.0  # the rate the deferred backlog's deadlines require
+    capacity_source: str = ""  # where per_replica_tokens_per_s came from
 
 
 @dataclass(frozen=True)
@@ -115,6 +158,7 @@ class _Tick:
     peak: float
     forecast: float
     capacity: float
+    capacity_source: str
     horizon: float
     deferred: float  # tokens/s the deferred backlog's deadlines require
 
@@ -165,14 +209,18 @@ def decide(
     want, reason, message = _choose(history, spec, state, tick)
     # what this interval teaches about a replica's capacity sizes the next decisions, not this
     # one: sizing stays monotone in demand
-    learned = replace(state, capacity=_learn_capacity(snap, spec, state.capacity))
+    learned = replace(
+        state,
+        capacity=_learn_capacity(snap, spec, state.capacity, tick.capacity),
+        model=_learn_model(snap, state.model),
+    )
     return _finish(want, reason, message, history, spec, learned, tick)
 
 
 def _hold(held: int, spec: LLMEndpointSpec, state: CapacityState, message: str) -> Decision:
     scaling = spec.scaling
     desired = min(max(held, scaling.min_replicas), scaling.max_replicas)
-    est = state.capacity.value(scaling.replica_capacity_tokens_per_second)
+    est, source = state.replica_capacity(spec)
     return Decision(
         desired,
         "MetricsUnavailable",
@@ -180,6 +228,7 @@ def _hold(held: int, spec: LLMEndpointSpec, state: CapacityState, message: str) 
         replace(state, desired=desired),
         forecast_tokens_per_s=state.forecaster.level or 0.0,
         per_replica_tokens_per_s=est,
+        capacity_source=source,
     )
 
 
@@ -218,31 +267,50 @@ def _reaction_s(spec: LLMEndpointSpec, state: CapacityState) -> float:
 
 
 def _learn_capacity(
-    snap: Snapshot, spec: LLMEndpointSpec, capacity: ReplicaCapacity
+    snap: Snapshot, spec: LLMEndpointSpec, capacity: ReplicaCapacity, figure: float
 ) -> ReplicaCapacity:
+    """What this interval says of a replica's capacity, `figure` being what the law sized with."""
     ready = snap.fleet.ready
     if ready == 0:
         return capacity
+    carried = _carried(snap)
+    if carried < MIN_EVIDENCE_TOKENS_PER_S:
+        return capacity  # a replica that served (almost) nothing says nothing about its capacity
     slo = spec.slo
     ttft, itl = snap.latency.ttft_p99, snap.latency.itl_p99
     within = None
     if ttft is not None or itl is not None:
-        within = (ttft is None or ttft <= TTFT_EVIDENCE * slo.ttft_p99_seconds) and (
-            itl is None or itl <= slo.itl_p99_seconds
-        )
+        broken = _ttft_broken(ttft, slo.ttft_p99_seconds, carried / figure)
+        within = not broken and (itl is None or itl <= slo.itl_p99_seconds)
     saturated = snap.waiting > 0 or snap.preemptions_per_s > 0 or snap.kv_usage_max > KV_FULL
-    # what one replica carried: the median of those read, not the total over `ready` (a replica
-    # that turned Ready after the window began served little of it and would drag the figure
-    # down; the one busiest by chance would lift it)
-    carried = (
-        statistics.median(r.tokens_per_s for r in snap.replicas)
-        if snap.replicas
-        else snap.tokens_per_s / ready
-    )
-    if carried < MIN_EVIDENCE_TOKENS_PER_S:
-        return capacity  # a replica that served (almost) nothing says nothing about its capacity
     seen = Observation(carried, within, saturated or snap.refusals_per_s > 0)
     return capacity.learn(seen)
+
+
+def _carried(snap: Snapshot) -> float:
+    """What one replica carried: the median of those read, not the total over `ready` (a replica
+    that turned Ready after the window began served little of it and would drag the figure
+    down; the one busiest by chance would lift it)."""
+    if snap.replicas:
+        return statistics.median(r.tokens_per_s for r in snap.replicas)
+    return snap.tokens_per_s / snap.fleet.ready if snap.fleet.ready else 0.0
+
+
+def _ttft_broken(ttft: float | None, slo_s: float, load_share: float) -> bool:
+    """A read p99 TTFT says the SLO broke: above it, or above `TTFT_EVIDENCE` of it (the bucket
+    below, where the read understates the truth) while replicas carry `EVIDENCE_LOAD` of their
+    capacity."""
+    if ttft is None:
+        return False
+    return ttft > slo_s or (ttft > TTFT_EVIDENCE * slo_s and load_share >= EVIDENCE_LOAD)
+
+
+def _learn_model(snap: Snapshot, model: LatencyModel) -> LatencyModel:
+    """Each replica that served this interval: its tokens/s against its p99 TTFT and ITL."""
+    served = [r for r in snap.replicas if r.tokens_per_s >= MIN_EVIDENCE_TOKENS_PER_S]
+    ttft = [(r.tokens_per_s, r.latency.ttft_p99) for r in served if r.latency.ttft_p99]
+    itl = [(r.tokens_per_s, r.latency.itl_p99) for r in served if r.latency.itl_p99]
+    return model.learn(ttft, itl)
 
 
 def _tick(
@@ -262,6 +330,7 @@ def _tick(
         snap, _previous(history), interval, reaction, spec.model.max_model_len
     )
     peak = max([*recent, now_demand])
+    capacity, source = state.replica_capacity(spec)
     return _Tick(
         now=now,
         current=snap.fleet.current,
@@ -269,7 +338,8 @@ def _tick(
         demand=now_demand,
         peak=peak,
         forecast=state.forecaster.predict(now + horizon) if horizon else now_demand,
-        capacity=state.capacity.value(scaling.replica_capacity_tokens_per_second),
+        capacity=capacity,
+        capacity_source=source,
         horizon=horizon,
         deferred=_deferred_rate(snap, interval, spec.model.max_model_len),
     )
@@ -304,12 +374,10 @@ def _panic(history: Sequence[Snapshot], spec: LLMEndpointSpec, tick: _Tick) -> s
     deep = queued >= max(1, tick.ready)
     if prev is not None and deep and queued > _queued(prev):
         return "QueueGrowing"
-    ttft = snap.latency.ttft_p99
-    if (
-        ttft is not None
-        and ttft > TTFT_EVIDENCE * spec.slo.ttft_p99_seconds
-        and (queued > 0 or snap.refusals_per_s)
-    ):
+    broken = _ttft_broken(
+        snap.latency.ttft_p99, spec.slo.ttft_p99_seconds, _carried(snap) / tick.capacity
+    )
+    if broken and (queued > 0 or snap.refusals_per_s):
         return "TTFTAboveSLO"
     if snap.kv_usage_max > KV_FULL:
         return "KVCacheFull"
@@ -334,7 +402,8 @@ def _choose(
     want = _with_deferred(load, tick, scaling.headroom)
     sizing = (
         f"demand {tick.demand:.0f} tokens/s, forecast {tick.forecast:.0f} over "
-        f"{tick.horizon:.0f} s, {tick.capacity:.0f} tokens/s per replica"
+        f"{tick.horizon:.0f} s, {tick.capacity:.0f} tokens/s per replica "
+        f"({tick.capacity_source})"
     )
     if tick.deferred > 0:
         sizing += f", deferred work due at {tick.deferred:.0f} tokens/s"
@@ -471,6 +540,7 @@ def _finish(
         per_replica_tokens_per_s=tick.capacity,
         victim=victim,
         deferred_tokens_per_s=tick.deferred,
+        capacity_source=tick.capacity_source,
     )
 
 
