@@ -1,6 +1,8 @@
 """Certificates and keys for the local control plane, made with ``cryptography``.
 
-One CA signs the API server's serving certificate; a separate RSA key pair signs and verifies
+One CA signs the API server's serving certificate and the front proxy's client certificate (the
+API server presents it to aggregated API servers such as KEDA's metrics adapter, which trust the
+CA from ``--requestheader-client-ca-file``); a separate RSA key pair signs and verifies
 service-account tokens (TokenRequest needs it). Clients authenticate with a static admin token.
 """
 
@@ -18,6 +20,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 ADMIN_USER = "kvscale-admin"
+FRONT_PROXY_CN = "front-proxy-client"
 VALIDITY = datetime.timedelta(days=30)
 
 
@@ -29,6 +32,8 @@ class Pki:
     ca_key: Path
     serving_cert: Path
     serving_key: Path
+    proxy_client_cert: Path
+    proxy_client_key: Path
     sa_key: Path
     sa_pub: Path
     token_file: Path
@@ -83,26 +88,55 @@ def _ca(key: rsa.RSAPrivateKey) -> x509.Certificate:
     )
 
 
-def _serving(
-    key: rsa.RSAPrivateKey, ca: x509.Certificate, ca_key: rsa.RSAPrivateKey, ips: list[str]
+def _leaf(
+    key: rsa.RSAPrivateKey,
+    ca: x509.Certificate,
+    ca_key: rsa.RSAPrivateKey,
+    cn: str,
+    dns: list[str],
+    ips: list[str],
+    usages: list[x509.ObjectIdentifier],
 ) -> x509.Certificate:
     now = datetime.datetime.now(datetime.UTC)
-    dns = ["localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"]
-    dns.append("kubernetes.default.svc.cluster.local")
     sans: list[x509.GeneralName] = [x509.DNSName(d) for d in dns]
     sans += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ips]
-    return (
+    builder = (
         x509.CertificateBuilder()
-        .subject_name(_name("kube-apiserver"))
+        .subject_name(_name(cn))
         .issuer_name(ca.subject)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - datetime.timedelta(minutes=5))
         .not_valid_after(now + VALIDITY)
-        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .sign(ca_key, hashes.SHA256())
+    )
+    if sans:
+        builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
+    return builder.sign(ca_key, hashes.SHA256())
+
+
+def _serving(
+    key: rsa.RSAPrivateKey, ca: x509.Certificate, ca_key: rsa.RSAPrivateKey, ips: list[str]
+) -> x509.Certificate:
+    dns = ["localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"]
+    dns.append("kubernetes.default.svc.cluster.local")
+    return _leaf(key, ca, ca_key, "kube-apiserver", dns, ips, [ExtendedKeyUsageOID.SERVER_AUTH])
+
+
+def issue(
+    ca_files: tuple[Path, Path], cert: Path, key_path: Path, cn: str, dns: list[str], ips: list[str]
+) -> None:
+    """Write a key and a certificate for ``cn`` signed by the CA in ``ca_files`` (certificate,
+    key), good for serving and as a client (mutual TLS between processes, e.g. KEDA's)."""
+    ca = x509.load_pem_x509_certificate(ca_files[0].read_bytes())
+    ca_key = serialization.load_pem_private_key(ca_files[1].read_bytes(), password=None)
+    assert isinstance(ca_key, rsa.RSAPrivateKey)
+    key = _key()
+    usages = [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
+    _write_key(key, key_path)
+    cert.write_bytes(
+        _leaf(key, ca, ca_key, cn, dns, ips, usages).public_bytes(serialization.Encoding.PEM)
     )
 
 
@@ -114,6 +148,8 @@ def create_pki(directory: Path, server_ips: list[str]) -> Pki:
         ca_key=directory / "ca.key",
         serving_cert=directory / "apiserver.crt",
         serving_key=directory / "apiserver.key",
+        proxy_client_cert=directory / "front-proxy-client.crt",
+        proxy_client_key=directory / "front-proxy-client.key",
         sa_key=directory / "sa.key",
         sa_pub=directory / "sa.pub",
         token_file=directory / "tokens.csv",
@@ -126,6 +162,14 @@ def create_pki(directory: Path, server_ips: list[str]) -> Pki:
     _write_key(serving_key, pki.serving_key)
     serving = _serving(serving_key, ca, ca_key, server_ips)
     pki.serving_cert.write_bytes(serving.public_bytes(serialization.Encoding.PEM))
+    issue(
+        (pki.ca_cert, pki.ca_key),
+        pki.proxy_client_cert,
+        pki.proxy_client_key,
+        FRONT_PROXY_CN,
+        [],
+        [],
+    )
     _write_key(sa_key, pki.sa_key)
     pki.sa_pub.write_bytes(
         sa_key.public_key().public_bytes(
