@@ -48,3 +48,24 @@ def helm_binary() -> Path:
     if not os.access(path, os.X_OK):
         raise MissingBinaries(f"no helm at {path}; run e2e/helm/build.sh")
     return path
+
+
+KEDA_BUILD_SCRIPT = BUILD_SCRIPT.parent.parent / "keda" / "build.sh"
+KEDA_NAMES = ("keda-operator", "keda-adapter")
+
+
+def keda_dir() -> Path:
+    """KEDA's operator, metrics adapter and CRDs: ``$KVSCALE_KEDA``, else built (once, then
+    cached) by e2e/keda/build.sh."""
+    configured = os.environ.get("KVSCALE_KEDA")
+    if configured:
+        folder = Path(configured)
+    else:
+        done = subprocess.run([str(KEDA_BUILD_SCRIPT)], capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            raise MissingBinaries(f"{KEDA_BUILD_SCRIPT} failed:\n{done.stderr[-4000:]}")
+        folder = Path(done.stdout.strip().splitlines()[-1])
+    missing = [n for n in KEDA_NAMES if not os.access(folder / n, os.X_OK)]
+    if missing or not (folder / "crds").is_dir():
+        raise MissingBinaries(f"{folder} lacks KEDA ({missing or 'crds'}); run e2e/keda/build.sh")
+    return folder
