@@ -8,10 +8,12 @@ its Service, scaled by a ScaledObject with KEDA's Prometheus trigger on
 `sum(vllm:num_requests_waiting)`, once per tuning in `TUNINGS`: the guides' (an average of 5
 waiting requests per replica, KEDA's 30 s polling, the HPA's 300 s scale-down stabilization) and
 the one a user would try next (2 waiting, 5 s polling, 20 s stabilization, as kvscale's spec).
-Each run replays the demo's phases (e2e/kvscale_demo: steady, rise, a 4x burst, quiet) and keeps
-the quiet rate until the Deployment is back at one replica (at most `SETTLE_S`). Figures per run
-(e2e/kvscale_demo/versus.py `measure`) and the kvscale/KEDA replica-seconds ratio land in
-bench/results/cluster_vs_keda.json, both timelines in bench/results/cluster_vs_keda.png.
+Each run replays the demo's phases (e2e/kvscale_demo: steady, rise, a 4x burst, quiet), their
+rates scaled to one replica's capacity measured first on this machine (the burst is 1.5x it;
+kvscale's spec declares it), and keeps the quiet rate until the Deployment is back at one
+replica (at most `SETTLE_S`). Figures per run (e2e/kvscale_demo/versus.py `measure`) and the
+kvscale/KEDA replica-seconds ratio land in bench/results/cluster_vs_keda.json, both timelines in
+bench/results/cluster_vs_keda.png.
 `--quick` shortens every phase to a quarter.
 """
 
@@ -34,10 +36,12 @@ from kvscale_demo import versus
 from kvscale_demo.__main__ import PHASES
 
 PLOT = Path(__file__).parent / "results" / "cluster_vs_keda.png"
-SETTLE_S = 240.0
+SETTLE_S = 180.0
 TUNINGS = {
     "keda-guide": versus.KedaTuning(threshold=5, polling_s=30, scale_down_stabilization_s=300),
-    "keda-tuned": versus.KedaTuning(threshold=2, polling_s=5, scale_down_stabilization_s=20),
+    "keda-tuned": versus.KedaTuning(
+        threshold=2, polling_s=5, scale_down_stabilization_s=20, query=versus.QUEUED
+    ),
 }
 
 
@@ -88,6 +92,7 @@ def run(quick: bool = False) -> dict[str, Any]:
     phases = [versus.Phase(p.name, p.rate, p.seconds * scale) for p in PHASES]
     settle = SETTLE_S * scale
     figures: dict[str, dict[str, Any]] = {}
+    capacity = 0.0
     lines: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="kvscale-vs-keda-") as work:
         cluster = Cluster.start(Path(work) / "cluster", ClusterConfig.from_env())
@@ -98,7 +103,13 @@ def run(quick: bool = False) -> dict[str, Any]:
             crd = ROOT / "crds" / "llmendpoints.kvscale.io.yaml"
             kubectl(cluster, "apply", "--server-side", "-f", str(crd))
             kubectl(cluster, "wait", "--for=condition=Established", "crd/llmendpoints.kvscale.io")
-            spec = versus.endpoint_spec()
+            # the demo's rates scaled to this machine: its burst is 1.5x what one replica
+            # serves, and kvscale is told that capacity (its replicaCapacityTokensPerSecond)
+            ns = _namespace(api, "vs-calibrate")
+            capacity = versus.calibrate(versus.deploy_plain(api, ns, versus.endpoint_spec()))
+            api.delete(f"/api/v1/namespaces/{ns}")
+            phases = versus.scaled(phases, capacity)
+            spec = versus.endpoint_spec(capacity * versus.TOKENS_PER_REQUEST)
             with run_operator(cluster):
                 ns = _namespace(api, "vs-kvscale")
                 url = versus.deploy_kvscale(api, ns, spec)
@@ -106,7 +117,8 @@ def run(quick: bool = False) -> dict[str, Any]:
             figures["kvscale"], lines["kvscale"] = versus.measure(result), versus.timeline(result)
             for name, tuning in TUNINGS.items():
                 ns = _namespace(api, f"vs-{name}")
-                url = versus.deploy_keda(api, cluster, ns, spec, tuning)
+                url = versus.deploy_plain(api, ns, spec)
+                versus.add_scaled_object(api, cluster, ns, tuning)
                 result = versus.replay(api, ns, url, name, phases, settle)
                 figures[name], lines[name] = versus.measure(result), versus.timeline(result)
                 figures[name]["tuning"] = vars(tuning)
@@ -121,6 +133,7 @@ def run(quick: bool = False) -> dict[str, Any]:
     }
     return {
         "keda_version": keda_dir().name,
+        "replica_capacity_rps": round(capacity, 2),
         "slo_ttft_p99_s": versus.SLO_TTFT_S,
         "slo_interval_s": versus.SLO_INTERVAL_S,
         "phases": [vars(p) for p in phases],

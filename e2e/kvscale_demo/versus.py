@@ -5,7 +5,8 @@ Both runs serve the same engine Deployment (`chat-engine`, rendered by kvscale's
 through its router (Service `chat`), KEDA's through the engines' own Service (`chat-engine`),
 as its guides deploy vLLM. KEDA's ScaledObject scales the Deployment on the queue
 (`sum(vllm:num_requests_waiting{namespace=...})` from the cluster's Prometheus, an AverageValue
-target per replica), as the llm-d and KEDA guides publish it. The same open-loop phases replay
+target per replica), as the llm-d and KEDA guides publish it, or on that plus the engine's admission
+queue (`QUEUED`), which a user of kvscale's engine has to add. The same open-loop phases replay
 against each, every request is recorded (start, first token, end, error), and the Deployment is
 sampled every second; `measure` turns one run into the figures of the comparison.
 """
@@ -47,14 +48,22 @@ class Phase:
     seconds: float
 
 
+# the guides' query; on kvscale's engine it misses most of the queue: a request waits in the
+# server's admission queue (kvscale_engine_admission_queue_depth) before the scheduler sees it,
+# and vllm:num_requests_waiting counts the scheduler's waiting requests only
+WAITING = 'sum(vllm:num_requests_waiting{{namespace="{ns}"}})'
+QUEUED = WAITING + ' + sum(kvscale_engine_admission_queue_depth{{namespace="{ns}"}})'
+
+
 @dataclass(frozen=True)
 class KedaTuning:
-    """The user's knobs: the queue per replica the HPA aims at, how often KEDA polls, and the
-    HPA's scale-down stabilization (the HPA's default is 300 s)."""
+    """The user's knobs: the query, the queue per replica the HPA aims at, how often KEDA polls,
+    and the HPA's scale-down stabilization (the HPA's default is 300 s)."""
 
     threshold: float = 5.0
     polling_s: int = 5
     scale_down_stabilization_s: int = 20
+    query: str = WAITING
 
 
 @dataclass(frozen=True)
@@ -136,7 +145,7 @@ def plain_children(namespace: str, spec: dict[str, Any]) -> tuple[Obj, Obj]:
 
 
 def scaled_object(namespace: str, prometheus_url: str, tuning: KedaTuning) -> Obj:
-    query = f'sum(vllm:num_requests_waiting{{namespace="{namespace}"}})'
+    query = tuning.query.format(ns=namespace)
     behavior = {"scaleDown": {"stabilizationWindowSeconds": tuning.scale_down_stabilization_s}}
     return {
         "apiVersion": "keda.sh/v1alpha1",
@@ -162,26 +171,27 @@ def scaled_object(namespace: str, prometheus_url: str, tuning: KedaTuning) -> Ob
     }
 
 
-def deploy_keda(
-    api: KubeApi, cluster: Cluster, namespace: str, spec: dict[str, Any], tuning: KedaTuning
-) -> str:
-    """Deployment + Service + ScaledObject; the Service's URL once KEDA's HPA reads the metric."""
+def deploy_plain(api: KubeApi, namespace: str, spec: dict[str, Any]) -> str:
+    """The engine Deployment and its Service; the Service's URL once an engine is Ready."""
     deployment, service = plain_children(namespace, spec)
     api.post(f"/apis/apps/v1/namespaces/{namespace}/deployments", deployment)
     api.post(f"/api/v1/namespaces/{namespace}/services", service)
+    return wait_for(
+        lambda: _ready_url(api, namespace, DEPLOYMENT, need_router=False), 240, "engine"
+    )
+
+
+def add_scaled_object(api: KubeApi, cluster: Cluster, namespace: str, tuning: KedaTuning) -> None:
+    """KEDA takes the Deployment over; returns once its HPA reads the metric."""
     so = scaled_object(namespace, cluster.prometheus_url, tuning)
     api.post(f"/apis/keda.sh/v1alpha1/namespaces/{namespace}/scaledobjects", so)
+    hpa = f"/apis/autoscaling/v2/namespaces/{namespace}/horizontalpodautoscalers/keda-hpa-{NAME}"
 
-    def hpa_reads_metric() -> bool:
-        hpa = api.get(
-            f"/apis/autoscaling/v2/namespaces/{namespace}/horizontalpodautoscalers/keda-hpa-{NAME}"
-        )
-        conditions = hpa.get("status", {}).get("conditions") or []
+    def reads_metric() -> bool:
+        conditions = api.get(hpa).get("status", {}).get("conditions") or []
         return any(c["type"] == "ScalingActive" and c["status"] == "True" for c in conditions)
 
-    url = wait_for(lambda: _ready_url(api, namespace, DEPLOYMENT, need_router=False), 240, "engine")
-    wait_for(hpa_reads_metric, 120, "KEDA's HPA reading the queue metric", 1.0)
-    return url
+    wait_for(reads_metric, 120, "KEDA's HPA reading the queue metric", 1.0)
 
 
 # -- load and samples ---------------------------------------------------------------------------
@@ -219,12 +229,12 @@ class _Load:
                 await asyncio.sleep(max(0.0, next_at - time.monotonic()))
                 next_at += 1.0 / rate
                 n += 1
-                task = asyncio.create_task(self._one(client, n))
+                task = asyncio.create_task(self.one(client, n))
                 running.add(task)
                 task.add_done_callback(running.discard)
             await asyncio.gather(*running, return_exceptions=True)
 
-    async def _one(self, client: httpx.AsyncClient, n: int) -> None:
+    async def one(self, client: httpx.AsyncClient, n: int) -> None:
         body = {
             "model": MODEL,
             "prompt": f"Request {n}: tell me about autoscaling on Kubernetes, please.",
@@ -249,6 +259,37 @@ class _Load:
         except httpx.HTTPError as exc:
             error = f"{type(exc).__name__}: {exc}"
         self.requests.append(Request(started, time.monotonic(), ttft, error))
+
+
+# the demo's rates assume one replica serves this many requests/s: its burst (6/s) is 1.5x that,
+# which three replicas sharing this machine's two cores still serve
+DEMO_CAPACITY = 4.0
+TOKENS_PER_REQUEST = 15 + 48  # the prompt and the answer the load asks for
+
+
+def calibrate(url: str, seconds: float = 15.0, concurrency: int = 8) -> float:
+    """Requests/s one replica behind `url` completes when `concurrency` clients keep it busy:
+    phases scaled by it load every machine alike (a burst 1.5x what one replica serves)."""
+    load = _Load(url, TOKENS_PER_REQUEST - 15)
+
+    async def main() -> None:
+        async with httpx.AsyncClient(base_url=url, timeout=120) as client:
+            end = time.monotonic() + seconds
+
+            async def client_loop(n: int) -> None:
+                while time.monotonic() < end:
+                    await load.one(client, n)
+                    n += concurrency
+
+            await asyncio.gather(*(client_loop(k) for k in range(concurrency)))
+
+    asyncio.run(main())
+    return sum(1 for r in load.requests if r.error is None) / seconds
+
+
+def scaled(phases: Sequence[Phase], capacity: float) -> list[Phase]:
+    """`phases` (written for DEMO_CAPACITY) for a replica that serves `capacity` requests/s."""
+    return [Phase(p.name, round(p.rate * capacity / DEMO_CAPACITY, 2), p.seconds) for p in phases]
 
 
 def _sample(api: KubeApi, namespace: str) -> Sample:

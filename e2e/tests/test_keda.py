@@ -74,12 +74,16 @@ def test_kvscale_fails_no_request_while_scaling(
 def test_keda_scales_up_and_down_and_its_scale_in_is_counted(
     cluster: Cluster, keda: Keda, kube_api: KubeApi, namespace: str
 ) -> None:
-    tuning = versus.KedaTuning(threshold=2)
-    spec = versus.endpoint_spec()
-    url = versus.deploy_keda(kube_api, cluster, namespace, spec, tuning)
-    run = versus.replay(kube_api, namespace, url, "keda", (*PHASES, QUIET), SETTLE_S)
+    url = versus.deploy_plain(kube_api, namespace, versus.endpoint_spec())
+    # the queue KEDA scales on only grows where the burst exceeds what one replica serves: the
+    # phases are scaled to this machine (the burst is 1.5x one replica's measured capacity)
+    capacity = versus.calibrate(url)
+    phases = versus.scaled((*PHASES, QUIET), capacity)
+    tuning = versus.KedaTuning(threshold=2, query=versus.QUEUED)
+    versus.add_scaled_object(kube_api, cluster, namespace, tuning)
+    run = versus.replay(kube_api, namespace, url, "keda", phases, SETTLE_S)
     figures = versus.measure(run)
-    _report("keda", figures)
+    _report("keda", {"capacity_rps": round(capacity, 2), **figures})
     assert figures["max_replicas"] >= 2, figures
     assert figures["final_replicas"] == versus.MIN_REPLICAS, figures
     # counted, not asserted to be zero: every failure that ended in a scale-in window
