@@ -62,6 +62,16 @@ def _create(api: KubeApi, path: str, body: Obj) -> None:
             raise
 
 
+def _replace(api: KubeApi, collection: str, body: Obj) -> None:
+    """Create ``body`` in ``collection``, deleting an object of its name first."""
+    try:
+        api.delete(f"{collection}/{body['metadata']['name']}")
+    except ApiError as error:
+        if error.status != 404:
+            raise
+    api.post(collection, body)
+
+
 def _install_crds(api: KubeApi, crds: Path) -> None:
     for path in sorted(crds.glob("*.yaml")):
         for crd in yaml.safe_load_all(path.read_text()):
@@ -112,13 +122,7 @@ def _register(api: KubeApi, host: str, port: int, ca: Path) -> None:
         "endpoints": [{"addresses": [host], "conditions": {"ready": True}}],
         "ports": [{"name": "https", "port": port, "protocol": "TCP"}],
     }
-    slices = f"/apis/discovery.k8s.io/v1/namespaces/{NAMESPACE}/endpointslices"
-    try:
-        api.delete(f"{slices}/{ADAPTER_SERVICE}")
-    except ApiError as error:
-        if error.status != 404:
-            raise
-    api.post(slices, slice_)
+    _replace(api, f"/apis/discovery.k8s.io/v1/namespaces/{NAMESPACE}/endpointslices", slice_)
     api_service = {
         "apiVersion": "apiregistration.k8s.io/v1",
         "kind": "APIService",
@@ -132,13 +136,7 @@ def _register(api: KubeApi, host: str, port: int, ca: Path) -> None:
             "versionPriority": 100,
         },
     }
-    services = "/apis/apiregistration.k8s.io/v1/apiservices"
-    try:
-        api.delete(f"{services}/{API_SERVICE}")
-    except ApiError as error:
-        if error.status != 404:
-            raise
-    api.post(services, api_service)
+    _replace(api, "/apis/apiregistration.k8s.io/v1/apiservices", api_service)
 
 
 def start_keda(cluster: Cluster, folder: Path, timeout: float = 120.0) -> Keda:
