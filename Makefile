@@ -10,11 +10,12 @@ PYTEST := $(BIN)/pytest
 K8S_BIN = $(shell e2e/k8sbin/build.sh)
 HELM = $(shell e2e/helm/build.sh)
 REAL_NODE_IMAGES = $(shell e2e/real-node/build-images.sh)
+KEDA = $(shell e2e/keda/build.sh)
 # the local cluster (kvscale_cluster) and the demo (kvscale_demo) are not installed: they run from
 # the source tree (pytest's `pythonpath` and `python -m bench` find them themselves)
 E2E_PATH := PYTHONPATH=$(CURDIR)/e2e
 
-.PHONY: profile prereqs venv system-deps k8s helm vllm lint typecheck imports crds chart test test-unit \
+.PHONY: profile prereqs venv system-deps k8s helm keda vllm lint typecheck imports crds chart test test-unit \
 	test-engine test-controlplane test-e2e test-fresh demo bench cluster-up cluster-down image clean \
 	real-node test-real cluster-up-real
 
@@ -44,6 +45,11 @@ k8s:
 # helm from its Go module into ~/.cache/kvscale/helm/<version>/ (once), for the chart's tests
 helm:
 	e2e/helm/build.sh
+
+# KEDA's operator and metrics adapter (+ CRDs) from its Go module into ~/.cache/kvscale/keda/<version>/
+# (once; 22 min on a busy 2-core machine: ~3,700 packages), for e2e/tests/test_keda.py and `python -m bench cluster_vs_keda`
+keda:
+	e2e/keda/build.sh
 
 # vLLM's CPU build in its own venv under ~/.cache/kvscale/vllm/<version>/ (once; ~6 GB), for the
 # vLLM tests (e2e/tests/test_vllm.py, test_bench_vllm.py) and `make bench`; prints the venv folder
@@ -80,8 +86,9 @@ test-controlplane: prereqs venv system-deps k8s helm
 	KVSCALE_K8S_BIN=$(K8S_BIN) KVSCALE_HELM=$(HELM) $(PYTEST) tests/controlplane
 
 # e2e/tests/test_vllm.py runs real vLLM replicas from the venv `make vllm` builds (once, ~6 GB)
-test-e2e: prereqs venv system-deps k8s helm vllm
-	KVSCALE_K8S_BIN=$(K8S_BIN) KVSCALE_HELM=$(HELM) $(PYTEST) e2e/tests
+# e2e/tests/test_keda.py runs KEDA (make keda) against kvscale
+test-e2e: prereqs venv system-deps k8s helm keda vllm
+	KVSCALE_K8S_BIN=$(K8S_BIN) KVSCALE_HELM=$(HELM) KVSCALE_KEDA=$(KEDA) $(PYTEST) e2e/tests
 
 # the real node (docs/real-node.md): the upstream kubelet (e2e/k8sbin/build.sh kubelet) and the
 # pause and busybox images (e2e/real-node/build-images.sh), each built once and cached

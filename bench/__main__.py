@@ -38,6 +38,7 @@ BENCHMARKS = {
     "profile": "bench.profile",
     "capacity_sim": "bench.capacity_sim",
     "sim_step": "bench.sim_step",
+    "cluster_vs_keda": "bench.cluster_vs_keda",
 }
 
 

@@ -35,16 +35,34 @@ def k8s_bin_dir() -> Path:
 HELM_BUILD_SCRIPT = BUILD_SCRIPT.parent.parent / "helm" / "build.sh"
 
 
+def _built(variable: str, script: Path) -> Path:
+    """``$variable``, else what ``script`` prints last (it builds once, then reuses its cache)."""
+    configured = os.environ.get(variable)
+    if configured:
+        return Path(configured)
+    done = subprocess.run([str(script)], capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise MissingBinaries(f"{script} failed:\n{done.stderr[-4000:]}")
+    return Path(done.stdout.strip().splitlines()[-1])
+
+
 def helm_binary() -> Path:
     """helm: ``$KVSCALE_HELM``, else built (once, then cached) by e2e/helm/build.sh."""
-    configured = os.environ.get("KVSCALE_HELM")
-    if configured:
-        path = Path(configured)
-    else:
-        done = subprocess.run([str(HELM_BUILD_SCRIPT)], capture_output=True, text=True, check=False)
-        if done.returncode != 0:
-            raise MissingBinaries(f"{HELM_BUILD_SCRIPT} failed:\n{done.stderr[-4000:]}")
-        path = Path(done.stdout.strip().splitlines()[-1])
+    path = _built("KVSCALE_HELM", HELM_BUILD_SCRIPT)
     if not os.access(path, os.X_OK):
         raise MissingBinaries(f"no helm at {path}; run e2e/helm/build.sh")
     return path
+
+
+KEDA_BUILD_SCRIPT = BUILD_SCRIPT.parent.parent / "keda" / "build.sh"
+KEDA_NAMES = ("keda-operator", "keda-adapter")
+
+
+def keda_dir() -> Path:
+    """KEDA's operator, metrics adapter and CRDs: ``$KVSCALE_KEDA``, else built (once, then
+    cached) by e2e/keda/build.sh."""
+    folder = _built("KVSCALE_KEDA", KEDA_BUILD_SCRIPT)
+    missing = [n for n in KEDA_NAMES if not os.access(folder / n, os.X_OK)]
+    if missing or not (folder / "crds").is_dir():
+        raise MissingBinaries(f"{folder} lacks KEDA ({missing or 'crds'}); run e2e/keda/build.sh")
+    return folder

@@ -19,7 +19,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from . import process
-from .pki import Pki
+from .pki import FRONT_PROXY_CN, Pki
 from .ports import free_port
 from .wait import GiveUp, wait_for
 
@@ -159,7 +159,15 @@ def start_apiserver(
         f"--token-auth-file={pki.token_file}",
         f"--client-ca-file={pki.ca_cert}",
         f"--requestheader-client-ca-file={pki.ca_cert}",
-        "--requestheader-allowed-names=front-proxy-client",
+        # the aggregation layer (KEDA's external metrics API): the API server proxies to an
+        # APIService's Service as the front proxy, straight to its endpoint (the host's address)
+        f"--requestheader-allowed-names={FRONT_PROXY_CN}",
+        "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+        "--requestheader-group-headers=X-Remote-Group",
+        "--requestheader-username-headers=X-Remote-User",
+        f"--proxy-client-cert-file={pki.proxy_client_cert}",
+        f"--proxy-client-key-file={pki.proxy_client_key}",
+        "--enable-aggregator-routing=true",
         f"--tls-cert-file={pki.serving_cert}",
         f"--tls-private-key-file={pki.serving_key}",
         f"--service-account-issuer={ISSUER}",

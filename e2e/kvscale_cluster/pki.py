@@ -1,6 +1,8 @@
 """Certificates and keys for the local control plane, made with ``cryptography``.
 
-One CA signs the API server's serving certificate; a separate RSA key pair signs and verifies
+One CA signs the API server's serving certificate and the front proxy's client certificate (the
+API server presents it to aggregated API servers such as KEDA's metrics adapter, which trust the
+CA from ``--requestheader-client-ca-file``); a separate RSA key pair signs and verifies
 service-account tokens (TokenRequest needs it). Clients authenticate with a static admin token.
 """
 
@@ -19,6 +21,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 ADMIN_USER = "kvscale-admin"
 KUBELET_CLIENT = "kube-apiserver-kubelet-client"
+FRONT_PROXY_CN = "front-proxy-client"
 VALIDITY = datetime.timedelta(days=30)
 
 
@@ -36,6 +39,8 @@ class Pki:
     admin_token: str
     kubelet_client_cert: Path
     kubelet_client_key: Path
+    proxy_client_cert: Path
+    proxy_client_key: Path
 
 
 def _key() -> rsa.RSAPrivateKey:
@@ -136,6 +141,8 @@ def create_pki(directory: Path, server_ips: list[str]) -> Pki:
         admin_token=secrets.token_hex(24),
         kubelet_client_cert=directory / "apiserver-kubelet-client.crt",
         kubelet_client_key=directory / "apiserver-kubelet-client.key",
+        proxy_client_cert=directory / "front-proxy-client.crt",
+        proxy_client_key=directory / "front-proxy-client.key",
     )
     ca_key, serving_key, sa_key = _key(), _key(), _key()
     ca = _ca(ca_key)
@@ -157,23 +164,35 @@ def create_pki(directory: Path, server_ips: list[str]) -> Pki:
     issue_certificate(
         pki, pki.kubelet_client_cert, pki.kubelet_client_key, KUBELET_CLIENT, ["system:masters"], []
     )
+    # the front proxy's identity towards aggregated API servers (--proxy-client-cert-file)
+    issue_certificate(pki, pki.proxy_client_cert, pki.proxy_client_key, FRONT_PROXY_CN, [], [])
     return pki
 
 
 def issue_certificate(
-    pki: Pki, cert: Path, key: Path, cn: str, organizations: list[str], ips: list[str]
+    ca: Pki | tuple[Path, Path],
+    cert: Path,
+    key: Path,
+    cn: str,
+    organizations: list[str],
+    ips: list[str],
+    dns: list[str] | None = None,
 ) -> None:
-    """Write a key and a certificate from the cluster CA for ``cn`` (groups ``organizations``):
-    a client certificate the API server accepts (``--client-ca-file``), also serving ``ips``
-    when given (the real node's kubelet, which the API server checks against the same CA)."""
-    ca = x509.load_pem_x509_certificate(pki.ca_cert.read_bytes())
-    ca_key = serialization.load_pem_private_key(pki.ca_key.read_bytes(), password=None)
+    """Write a key and a certificate from the cluster CA (a ``Pki``, or its certificate and key
+    files) for ``cn`` (groups ``organizations``): a client certificate the API server accepts
+    (``--client-ca-file``), also serving ``ips`` and ``dns`` names when given (the real node's
+    kubelet, which the API server checks against the same CA; KEDA's mutual TLS)."""
+    ca_cert_path, ca_key_path = (ca.ca_cert, ca.ca_key) if isinstance(ca, Pki) else ca
+    ca_cert = x509.load_pem_x509_certificate(ca_cert_path.read_bytes())
+    ca_key = serialization.load_pem_private_key(ca_key_path.read_bytes(), password=None)
     assert isinstance(ca_key, rsa.RSAPrivateKey)
     leaf_key = _key()
     names = [x509.NameAttribute(NameOID.ORGANIZATION_NAME, o) for o in organizations]
     subject = x509.Name([*names, x509.NameAttribute(NameOID.COMMON_NAME, cn)])
-    usages = [ExtendedKeyUsageOID.CLIENT_AUTH] + ([ExtendedKeyUsageOID.SERVER_AUTH] if ips else [])
-    sans: list[x509.GeneralName] = [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ips]
+    serving = [ExtendedKeyUsageOID.SERVER_AUTH] if ips or dns else []
+    usages = [ExtendedKeyUsageOID.CLIENT_AUTH, *serving]
+    sans: list[x509.GeneralName] = [x509.DNSName(d) for d in dns or []]
+    sans += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ips]
     _write_key(leaf_key, key)
-    leaf = _leaf(leaf_key, ca, ca_key, subject, usages, sans)
+    leaf = _leaf(leaf_key, ca_cert, ca_key, subject, usages, sans)
     cert.write_bytes(leaf.public_bytes(serialization.Encoding.PEM))

@@ -1,0 +1,147 @@
+"""kvscale against KEDA + the HPA on the same local cluster, same engines, same load, same SLO.
+
+A fresh local cluster (real API server, controller manager with its HPA controller, Prometheus,
+the process kubelet) and KEDA v2 built from its Go module (`make keda`, e2e/keda/build.sh), its
+metrics adapter registered through the aggregation layer. Run A: kvscale's `LLMEndpoint` (its
+operator in this process). Then KEDA runs: the same engine Deployment (kvscale renders it) behind
+its Service, scaled by a ScaledObject with KEDA's Prometheus trigger on
+`sum(vllm:num_requests_waiting)`, once per tuning in `TUNINGS`: the guides' (an average of 5
+waiting requests per replica, KEDA's 30 s polling, the HPA's 300 s scale-down stabilization) and
+the one a user would try next (2 waiting, 5 s polling, 20 s stabilization, as kvscale's spec).
+Each run replays the demo's phases (e2e/kvscale_demo: steady, rise, a 4x burst, quiet), their
+rates scaled to one replica's capacity measured first on this machine (the burst is 1.5x it;
+kvscale's spec declares it), and keeps the quiet rate until the Deployment is back at one
+replica (at most `SETTLE_S`). Figures per run (e2e/kvscale_demo/versus.py `measure`) and the
+kvscale/KEDA replica-seconds ratio land in bench/results/cluster_vs_keda.json, both timelines in
+bench/results/cluster_vs_keda.png.
+`--quick` shortens every phase to a quarter.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from kvscale_cluster.binaries import keda_dir
+from kvscale_cluster.cluster import Cluster
+from kvscale_cluster.config import ClusterConfig
+from kvscale_cluster.fixtures import kubectl, run_operator
+from kvscale_cluster.install import ROOT
+from kvscale_cluster.keda import start_keda
+from kvscale_cluster.kube_api import KubeApi
+from kvscale_cluster.wait import wait_for
+from kvscale_demo import versus
+from kvscale_demo.__main__ import PHASES
+
+PLOT = Path(__file__).parent / "results" / "cluster_vs_keda.png"
+SETTLE_S = 180.0
+TUNINGS = {
+    "keda-guide": versus.KedaTuning(threshold=5, polling_s=30, scale_down_stabilization_s=300),
+    "keda-tuned": versus.KedaTuning(
+        threshold=2, polling_s=5, scale_down_stabilization_s=20, query=versus.QUEUED
+    ),
+}
+
+
+def _namespace(api: KubeApi, name: str) -> str:
+    api.post("/api/v1/namespaces", {"metadata": {"name": name}})
+    path = f"/api/v1/namespaces/{name}/serviceaccounts/default"
+    wait_for(lambda: api.get(path), 30, f"service account {name}/default")
+    return name
+
+
+def _plot(runs: dict[str, dict[str, Any]], slo_s: float) -> str | None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib is not installed: no PNG"
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(11, 6.5), sharex=True)
+    for name, line in runs.items():
+        samples = line["samples"]
+        top.step([s["t"] for s in samples], [s["replicas"] for s in samples], where="post",
+                 label=f"{name} pods")  # fmt: skip
+        ttft = [(t, v) for t, v in line["ttft"] if v is not None]
+        bottom.plot([t for t, _ in ttft], [v for _, v in ttft], ".", ms=2, label=name)
+    first = next(iter(runs.values()))
+    for i, (phase, lo, hi) in enumerate(first["phases"]):
+        for axis in (top, bottom):
+            axis.axvspan(lo, hi, color=("#e8f0fe", "#fef7e0", "#fce8e6", "#e6f4ea")[i % 4])
+        top.text((lo + hi) / 2, 0.2, phase, ha="center", fontsize=8)
+    bottom.axhline(slo_s, color="red", lw=0.8, ls="--", label="TTFT SLO")
+    top.set_ylabel("engine pods")
+    bottom.set_ylabel("TTFT (s)")
+    bottom.set_yscale("log")
+    bottom.set_xlabel("seconds from the first phase")
+    top.legend(loc="upper right", fontsize=8)
+    bottom.legend(loc="upper right", fontsize=8, markerscale=4)
+    fig.suptitle("kvscale vs KEDA + HPA on the local cluster (same engines, load and SLO)")
+    fig.tight_layout()
+    PLOT.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(PLOT, dpi=110)
+    plt.close(fig)
+    return str(PLOT.relative_to(ROOT))
+
+
+def run(quick: bool = False) -> dict[str, Any]:
+    scale = 0.25 if quick else 1.0
+    phases = [versus.Phase(p.name, p.rate, p.seconds * scale) for p in PHASES]
+    settle = SETTLE_S * scale
+    figures: dict[str, dict[str, Any]] = {}
+    capacity = 0.0
+    lines: dict[str, dict[str, Any]] = {}
+    with tempfile.TemporaryDirectory(prefix="kvscale-vs-keda-") as work:
+        cluster = Cluster.start(Path(work) / "cluster", ClusterConfig.from_env())
+        os.environ["KUBECONFIG"] = str(cluster.kubeconfig)
+        keda = start_keda(cluster, keda_dir())
+        api = KubeApi(cluster.api_url, cluster.token, str(cluster.ca_path))
+        try:
+            crd = ROOT / "crds" / "llmendpoints.kvscale.io.yaml"
+            kubectl(cluster, "apply", "--server-side", "-f", str(crd))
+            kubectl(cluster, "wait", "--for=condition=Established", "crd/llmendpoints.kvscale.io")
+            # the demo's rates scaled to this machine: its burst is 1.5x what one replica
+            # serves, and kvscale is told that capacity (its replicaCapacityTokensPerSecond)
+            ns = _namespace(api, "vs-calibrate")
+            capacity = versus.calibrate(versus.deploy_plain(api, ns, versus.endpoint_spec()))
+            api.delete(f"/api/v1/namespaces/{ns}")
+            phases = versus.scaled(phases, capacity)
+            spec = versus.endpoint_spec(capacity * versus.TOKENS_PER_REQUEST)
+            with run_operator(cluster):
+                ns = _namespace(api, "vs-kvscale")
+                url = versus.deploy_kvscale(api, ns, spec)
+                result = versus.replay(api, ns, url, "kvscale", phases, settle)
+            figures["kvscale"], lines["kvscale"] = versus.measure(result), versus.timeline(result)
+            for name, tuning in TUNINGS.items():
+                ns = _namespace(api, f"vs-{name}")
+                url = versus.deploy_plain(api, ns, spec)
+                versus.add_scaled_object(api, cluster, ns, tuning)
+                result = versus.replay(api, ns, url, name, phases, settle)
+                figures[name], lines[name] = versus.measure(result), versus.timeline(result)
+                figures[name]["tuning"] = vars(tuning)
+        finally:
+            api.close()
+            keda.stop()
+            cluster.stop()
+    ratios = {
+        name: round(figures["kvscale"]["replica_seconds"] / max(1e-9, f["replica_seconds"]), 3)
+        for name, f in figures.items()
+        if name != "kvscale"
+    }
+    return {
+        "keda_version": keda_dir().name,
+        "replica_capacity_rps": round(capacity, 2),
+        "slo_ttft_p99_s": versus.SLO_TTFT_S,
+        "slo_interval_s": versus.SLO_INTERVAL_S,
+        "phases": [vars(p) for p in phases],
+        "results": figures,
+        "replica_seconds_ratio_kvscale_to": ratios,
+        "plot": _plot(lines, versus.SLO_TTFT_S),
+        # the pods over time; each request's TTFT is in the PNG only (the JSON stays small)
+        "timelines": {
+            name: {k: v for k, v in line.items() if k != "ttft"} for name, line in lines.items()
+        },
+    }

@@ -1,0 +1,442 @@
+"""One scenario, two autoscalers: kvscale's LLMEndpoint, then KEDA + the HPA, on the same cluster.
+
+Both runs serve the same engine Deployment (`chat-engine`, rendered by kvscale's own
+`engine_deployment` from the same spec) behind a ClusterIP Service; kvscale's run reaches it
+through its router (Service `chat`), KEDA's through the engines' own Service (`chat-engine`),
+as its guides deploy vLLM. KEDA's ScaledObject scales the Deployment on the queue
+(`sum(vllm:num_requests_waiting{namespace=...})` from the cluster's Prometheus, an AverageValue
+target per replica), as the llm-d and KEDA guides publish it, or on that plus the engine's admission
+queue (`QUEUED`), which a user of kvscale's engine has to add. The same open-loop phases replay
+against each, every request is recorded (start, first token, end, error), and the Deployment is
+sampled every second; `measure` turns one run into the figures of the comparison.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import math
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import httpx
+
+from kvscale import api as kvapi
+from kvscale.children.engine import Owner, engine_deployment, engine_service
+from kvscale_cluster.cluster import Cluster
+from kvscale_cluster.kube_api import KubeApi, Obj
+from kvscale_cluster.wait import wait_for
+
+MODEL = "tiny"
+NAME = "chat"
+DEPLOYMENT = f"{NAME}-engine"
+SLO_TTFT_S = 2.0
+SLO_INTERVAL_S = 10.0
+SAMPLE_EVERY_S = 1.0
+MIN_REPLICAS, MAX_REPLICAS = 1, 3
+
+
+@dataclass(frozen=True)
+class Phase:
+    name: str
+    rate: float  # requests per second
+    seconds: float
+
+
+# the guides' query; on kvscale's engine it misses most of the queue: a request waits in the
+# server's admission queue (kvscale_engine_admission_queue_depth) before the scheduler sees it,
+# and vllm:num_requests_waiting counts the scheduler's waiting requests only
+WAITING = 'sum(vllm:num_requests_waiting{{namespace="{ns}"}})'
+QUEUED = WAITING + ' + sum(kvscale_engine_admission_queue_depth{{namespace="{ns}"}})'
+
+
+@dataclass(frozen=True)
+class KedaTuning:
+    """The user's knobs: the query, the queue per replica the HPA aims at, how often KEDA polls,
+    and the HPA's scale-down stabilization (the HPA's default is 300 s)."""
+
+    threshold: float = 5.0
+    polling_s: int = 5
+    scale_down_stabilization_s: int = 20
+    query: str = WAITING
+
+
+@dataclass(frozen=True)
+class Request:
+    started: float
+    ended: float
+    ttft_s: float | None
+    error: str | None
+
+
+@dataclass(frozen=True)
+class Sample:
+    t: float
+    desired: int  # the Deployment's spec.replicas
+    replicas: int  # pods of the Deployment (status.replicas, terminating ones not counted)
+    ready: int
+
+
+@dataclass
+class Run:
+    autoscaler: str
+    phases: list[tuple[str, float, float]] = field(default_factory=list)  # name, start, end
+    requests: list[Request] = field(default_factory=list)
+    samples: list[Sample] = field(default_factory=list)
+
+
+def endpoint_spec(capacity_hint: float = 150) -> dict[str, Any]:
+    """The endpoint both runs serve (kvscale's e2e shape: a tiny dummy model on CPU)."""
+    return {
+        "model": {"name": MODEL, "source": {"dummy": {"preset": "llama-tiny"}}, "maxModelLen": 512},
+        "engine": {"maxNumSeqs": 4, "maxNumBatchedTokens": 512},
+        "resources": {"gpusPerReplica": 0, "cpu": "500m", "memory": "1Gi"},
+        "slo": {"ttftP99Seconds": SLO_TTFT_S, "itlP99Seconds": 0.5},
+        "scaling": {
+            "minReplicas": MIN_REPLICAS,
+            "maxReplicas": MAX_REPLICAS,
+            "capacityIntervalSeconds": 10,
+            "routingIntervalSeconds": 1,
+            "scaleDownStabilizationSeconds": 20,
+            "replicaCapacityTokensPerSecond": capacity_hint,
+        },
+    }
+
+
+# -- the two deployments ------------------------------------------------------------------------
+
+
+def _ready_url(api: KubeApi, namespace: str, service: str, need_router: bool) -> str | None:
+    engines = api.get(f"/apis/apps/v1/namespaces/{namespace}/deployments/{DEPLOYMENT}")
+    if not engines.get("status", {}).get("readyReplicas"):
+        return None
+    if need_router:
+        router = api.get(f"/apis/apps/v1/namespaces/{namespace}/deployments/{NAME}-router")
+        if not router.get("status", {}).get("readyReplicas"):
+            return None
+    found = api.get(f"/api/v1/namespaces/{namespace}/services/{service}")
+    return f"http://{found['spec']['clusterIP']}:8000"
+
+
+def deploy_kvscale(api: KubeApi, namespace: str, spec: dict[str, Any]) -> str:
+    """The LLMEndpoint (the operator must run); its router Service's URL once it serves."""
+    body: Obj = {"apiVersion": "kvscale.io/v1alpha1", "kind": "LLMEndpoint"}
+    body |= {"metadata": {"name": NAME}, "spec": spec}
+    api.post(f"/apis/kvscale.io/v1alpha1/namespaces/{namespace}/llmendpoints", body)
+    return wait_for(
+        lambda: _ready_url(api, namespace, NAME, need_router=True), 240, "kvscale's endpoint"
+    )
+
+
+def plain_children(namespace: str, spec: dict[str, Any]) -> tuple[Obj, Obj]:
+    """The engine Deployment and Service kvscale renders for `spec`, without the endpoint that
+    would own them: what a user deploys by hand."""
+    owner = Owner(name=NAME, namespace=namespace, uid="")
+    parsed = kvapi.LLMEndpointSpec.model_validate(spec)
+    children = engine_deployment(owner, parsed, MIN_REPLICAS), engine_service(owner)
+    for child in children:
+        del child["metadata"]["ownerReferences"]
+    return children
+
+
+def scaled_object(namespace: str, prometheus_url: str, tuning: KedaTuning) -> Obj:
+    query = tuning.query.format(ns=namespace)
+    behavior = {"scaleDown": {"stabilizationWindowSeconds": tuning.scale_down_stabilization_s}}
+    return {
+        "apiVersion": "keda.sh/v1alpha1",
+        "kind": "ScaledObject",
+        "metadata": {"name": NAME},
+        "spec": {
+            "scaleTargetRef": {"name": DEPLOYMENT},
+            "minReplicaCount": MIN_REPLICAS,
+            "maxReplicaCount": MAX_REPLICAS,
+            "pollingInterval": tuning.polling_s,
+            "advanced": {"horizontalPodAutoscalerConfig": {"behavior": behavior}},
+            "triggers": [
+                {
+                    "type": "prometheus",
+                    "metadata": {
+                        "serverAddress": prometheus_url,
+                        "query": query,
+                        "threshold": f"{tuning.threshold:g}",
+                    },
+                }
+            ],
+        },
+    }
+
+
+def deploy_plain(api: KubeApi, namespace: str, spec: dict[str, Any]) -> str:
+    """The engine Deployment and its Service; the Service's URL once an engine is Ready."""
+    deployment, service = plain_children(namespace, spec)
+    api.post(f"/apis/apps/v1/namespaces/{namespace}/deployments", deployment)
+    api.post(f"/api/v1/namespaces/{namespace}/services", service)
+    return wait_for(
+        lambda: _ready_url(api, namespace, DEPLOYMENT, need_router=False), 240, "engine"
+    )
+
+
+def add_scaled_object(api: KubeApi, cluster: Cluster, namespace: str, tuning: KedaTuning) -> None:
+    """KEDA takes the Deployment over; returns once its HPA reads the metric."""
+    so = scaled_object(namespace, cluster.prometheus_url, tuning)
+    api.post(f"/apis/keda.sh/v1alpha1/namespaces/{namespace}/scaledobjects", so)
+    hpa = f"/apis/autoscaling/v2/namespaces/{namespace}/horizontalpodautoscalers/keda-hpa-{NAME}"
+
+    def reads_metric() -> bool:
+        conditions = api.get(hpa).get("status", {}).get("conditions") or []
+        return any(c["type"] == "ScalingActive" and c["status"] == "True" for c in conditions)
+
+    wait_for(reads_metric, 120, "KEDA's HPA reading the queue metric", 1.0)
+
+
+# -- load and samples ---------------------------------------------------------------------------
+
+
+class _Load:
+    """Open-loop streaming completions at a rate that changes by phase; records every request."""
+
+    def __init__(self, url: str, max_tokens: int) -> None:
+        self.url, self.max_tokens = url, max_tokens
+        self.rate = 0.0
+        self.requests: list[Request] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._main()), daemon=True)
+
+    def __enter__(self) -> _Load:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=300)
+
+    async def _main(self) -> None:
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=0)
+        async with httpx.AsyncClient(base_url=self.url, timeout=120, limits=limits) as client:
+            running: set[asyncio.Task[None]] = set()
+            n, next_at = 0, time.monotonic()
+            while not self._stop.is_set():
+                rate = self.rate
+                if rate <= 0:
+                    next_at = time.monotonic()
+                    await asyncio.sleep(0.05)
+                    continue
+                await asyncio.sleep(max(0.0, next_at - time.monotonic()))
+                next_at += 1.0 / rate
+                n += 1
+                task = asyncio.create_task(self.one(client, n))
+                running.add(task)
+                task.add_done_callback(running.discard)
+            await asyncio.gather(*running, return_exceptions=True)
+
+    async def one(self, client: httpx.AsyncClient, n: int) -> None:
+        body = {
+            "model": MODEL,
+            "prompt": f"Request {n}: tell me about autoscaling on Kubernetes, please.",
+            "max_tokens": self.max_tokens,
+            "stream": True,
+        }
+        started = time.monotonic()
+        ttft: float | None = None
+        error: str | None = None
+        try:
+            async with client.stream("POST", "/v1/completions", json=body) as response:
+                if response.status_code != 200:
+                    error = f"HTTP {response.status_code}"
+                else:
+                    done = False
+                    async for line in response.aiter_lines():
+                        if line.startswith("data: ") and ttft is None:
+                            ttft = time.monotonic() - started
+                        done = done or line == "data: [DONE]"
+                    if not done:
+                        error = "stream cut before [DONE]"
+        except httpx.HTTPError as exc:
+            error = f"{type(exc).__name__}: {exc}"
+        self.requests.append(Request(started, time.monotonic(), ttft, error))
+
+
+# the demo's rates assume one replica serves this many requests/s: its burst (6/s) is 1.5x that,
+# which three replicas sharing this machine's two cores still serve
+DEMO_CAPACITY = 4.0
+TOKENS_PER_REQUEST = 15 + 48  # the prompt and the answer the load asks for
+
+
+def calibrate(url: str, seconds: float = 15.0, concurrency: int = 8) -> float:
+    """Requests/s one replica behind `url` completes when `concurrency` clients keep it busy:
+    phases scaled by it load every machine alike (a burst 1.5x what one replica serves)."""
+    load = _Load(url, TOKENS_PER_REQUEST - 15)
+
+    async def main() -> None:
+        async with httpx.AsyncClient(base_url=url, timeout=120) as client:
+            end = time.monotonic() + seconds
+
+            async def client_loop(n: int) -> None:
+                while time.monotonic() < end:
+                    await load.one(client, n)
+                    n += concurrency
+
+            await asyncio.gather(*(client_loop(k) for k in range(concurrency)))
+
+    asyncio.run(main())
+    return sum(1 for r in load.requests if r.error is None) / seconds
+
+
+def scaled(phases: Sequence[Phase], capacity: float) -> list[Phase]:
+    """`phases` (written for DEMO_CAPACITY) for a replica that serves `capacity` requests/s."""
+    return [Phase(p.name, round(p.rate * capacity / DEMO_CAPACITY, 2), p.seconds) for p in phases]
+
+
+def _sample(api: KubeApi, namespace: str) -> Sample:
+    found = api.get(f"/apis/apps/v1/namespaces/{namespace}/deployments/{DEPLOYMENT}")
+    status = found.get("status", {})
+    return Sample(
+        t=time.monotonic(),
+        desired=int(found["spec"].get("replicas", 0)),
+        replicas=int(status.get("replicas", 0)),
+        ready=int(status.get("readyReplicas", 0)),
+    )
+
+
+class _Sampler:
+    def __init__(self, api: KubeApi, namespace: str, into: list[Sample]) -> None:
+        self.api, self.namespace, self.into = api.clone(), namespace, into
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def __enter__(self) -> _Sampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+        self.api.close()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(SAMPLE_EVERY_S):
+            try:
+                self.into.append(_sample(self.api, self.namespace))
+            except Exception:  # a missed sample: the next one comes in a second
+                continue
+
+
+def replay(
+    api: KubeApi,
+    namespace: str,
+    url: str,
+    autoscaler: str,
+    phases: Sequence[Phase],
+    settle_s: float,
+    max_tokens: int = 48,
+) -> Run:
+    """Replay `phases` against `url`, then keep the last phase's rate until the Deployment is
+    back at its minimum (at most `settle_s`, folded into the last phase)."""
+    run = Run(autoscaler)
+    with _Sampler(api, namespace, run.samples), _Load(url, max_tokens) as load:
+        for i, phase in enumerate(phases):
+            load.rate = phase.rate
+            start = time.monotonic()
+            time.sleep(phase.seconds)
+            if i == len(phases) - 1:
+                with_min = lambda: _sample(api, namespace).replicas == MIN_REPLICAS  # noqa: E731
+                # measured as it is where it does not come back: the figures show where it stopped
+                with contextlib.suppress(AssertionError):
+                    wait_for(with_min, settle_s, f"{autoscaler} back at {MIN_REPLICAS}", 1.0)
+            run.phases.append((phase.name, start, time.monotonic()))
+        load.rate = 0
+    run.requests = sorted(load.requests, key=lambda r: r.started)
+    return run
+
+
+# -- the figures --------------------------------------------------------------------------------
+
+
+def p99(values: Sequence[float]) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, math.ceil(0.99 * len(ordered)) - 1)]
+
+
+def _scale_in_windows(samples: Sequence[Sample], tail_s: float = 5.0) -> list[tuple[float, float]]:
+    """From each drop of the desired replicas until the pods are down to it (plus `tail_s`)."""
+    windows: list[tuple[float, float]] = []
+    for before, after in itertools.pairwise(samples):
+        if after.desired < before.desired:
+            gone = next(
+                (s.t for s in samples if s.t >= after.t and s.replicas <= after.desired), after.t
+            )
+            windows.append((max(before.t, after.t - SAMPLE_EVERY_S), gone + tail_s))
+    return windows
+
+
+def measure(run: Run, slo_s: float = SLO_TTFT_S) -> dict[str, Any]:
+    """Replica-seconds, SLO share, p99 TTFT per phase, failures (in scale-in windows too),
+    scaling changes and the time from the burst to the first added Ready replica."""
+    begin, end = run.phases[0][1], run.phases[-1][2]
+    inside = [s for s in run.samples if begin <= s.t <= end]
+    replica_s = sum(a.replicas * (b.t - a.t) for a, b in itertools.pairwise(inside))
+    intervals = max(1, math.ceil((end - begin) / SLO_INTERVAL_S))
+    within = 0
+    for k in range(intervals):
+        lo, hi = begin + k * SLO_INTERVAL_S, begin + (k + 1) * SLO_INTERVAL_S
+        there = [r for r in run.requests if lo <= r.started < hi]
+        ttft = p99([r.ttft_s for r in there if r.ttft_s is not None])
+        within += int(not any(r.error for r in there) and (ttft is None or ttft <= slo_s))
+    per_phase: dict[str, Any] = {}
+    for name, lo, hi in run.phases:
+        there = [r for r in run.requests if lo <= r.started < hi]
+        ttft = p99([r.ttft_s for r in there if r.ttft_s is not None])
+        per_phase[name] = {
+            "requests": len(there),
+            "failed": sum(1 for r in there if r.error),
+            "p99_ttft_s": None if ttft is None else round(ttft, 3),
+        }
+    windows = _scale_in_windows(run.samples)
+    failed = [r for r in run.requests if r.error]
+    cut = [r for r in failed if any(lo <= r.ended <= hi for lo, hi in windows)]
+    changes = sum(1 for a, b in itertools.pairwise(run.samples) if a.desired != b.desired)
+    burst = next((lo for name, lo, _ in run.phases if name == "burst"), None)
+    first_added: float | None = None
+    if burst is not None:
+        at_burst = max((s.ready for s in run.samples if s.t <= burst), default=MIN_REPLICAS)
+        added = next((s.t for s in run.samples if s.t >= burst and s.ready > at_burst), None)
+        first_added = None if added is None else round(added - burst, 1)
+    return {
+        "replica_seconds": round(replica_s, 1),
+        "slo_share": round(within / intervals, 3),
+        "slo_intervals": intervals,
+        "phases": per_phase,
+        "requests": len(run.requests),
+        "failed": len(failed),
+        "failed_in_scale_in": len(cut),
+        "scale_in_windows": len(windows),
+        "failure_examples": sorted({r.error or "" for r in failed})[:5],
+        "scaling_changes": changes,
+        "max_replicas": max((s.desired for s in run.samples), default=0),
+        "final_replicas": run.samples[-1].replicas if run.samples else None,
+        "burst_to_first_added_ready_s": first_added,
+    }
+
+
+def timeline(run: Run) -> dict[str, Any]:
+    """The run's samples and phases, seconds from its start (for the JSON and the PNG)."""
+    zero = run.phases[0][1]
+    return {
+        "phases": [(n, round(lo - zero, 1), round(hi - zero, 1)) for n, lo, hi in run.phases],
+        "samples": [asdict(s) | {"t": round(s.t - zero, 1)} for s in run.samples],
+        "ttft": [
+            (round(r.started - zero, 2), None if r.ttft_s is None else round(r.ttft_s, 3))
+            for r in run.requests
+        ],
+    }
+
+
+def dumps(result: dict[str, Any]) -> str:
+    return json.dumps(result, indent=2) + "\n"

@@ -1,0 +1,77 @@
+"""The kvscale-vs-KEDA figures (e2e/kvscale_demo/versus.py `measure`) on a scripted run."""
+
+from __future__ import annotations
+
+from kvscale_demo.versus import (
+    KedaTuning,
+    Request,
+    Run,
+    Sample,
+    endpoint_spec,
+    measure,
+    plain_children,
+    scaled_object,
+)
+
+# a 60 s run: one pod for 10 s, the burst at t=10, a second pod asked for at t=14 and Ready at
+# t=20, asked away at t=40 and gone at t=44
+SAMPLES = [
+    Sample(t=float(t), desired=d, replicas=r, ready=rd)
+    for t, d, r, rd in [
+        (0, 1, 1, 1), (10, 1, 1, 1), (14, 2, 2, 1), (20, 2, 2, 2),
+        (40, 1, 2, 1), (44, 1, 1, 1), (60, 1, 1, 1),
+    ]
+]  # fmt: skip
+
+
+def run(*requests: Request) -> Run:
+    return Run("scripted", [("steady", 0, 10), ("burst", 10, 40), ("quiet", 40, 60)],
+               list(requests), SAMPLES)  # fmt: skip
+
+
+def test_replica_seconds_changes_and_the_first_added_ready_replica() -> None:
+    figures = measure(run(Request(1, 2, 0.1, None)))
+    # 1 pod for 14 s, 2 for 30 s, 1 for 16 s
+    assert figures["replica_seconds"] == 14 + 60 + 16
+    assert figures["scaling_changes"] == 2
+    assert figures["max_replicas"] == 2 and figures["final_replicas"] == 1
+    assert figures["burst_to_first_added_ready_s"] == 10.0
+    assert figures["scale_in_windows"] == 1
+
+
+def test_failures_in_the_scale_in_window_are_counted_apart() -> None:
+    figures = measure(
+        run(
+            Request(30, 31, 0.2, "ReadError: cut"),  # during the burst, before any scale-in
+            Request(38, 42, 0.2, "stream cut before [DONE]"),  # ended while a pod went away
+            Request(50, 51, 0.2, None),
+        )
+    )
+    assert figures["failed"] == 2
+    assert figures["failed_in_scale_in"] == 1
+    assert figures["phases"]["burst"]["failed"] == 2
+
+
+def test_slo_share_counts_intervals_with_a_late_or_failed_request() -> None:
+    figures = measure(
+        run(
+            Request(1, 2, 0.1, None),
+            Request(12, 20, 3.5, None),  # above the 2 s SLO: interval 10-20 misses
+            Request(25, 26, 0.1, "HTTP 503"),  # interval 20-30 misses
+        )
+    )
+    assert figures["slo_intervals"] == 6
+    assert figures["slo_share"] == round(4 / 6, 3)
+    assert figures["phases"]["burst"]["p99_ttft_s"] == 3.5
+
+
+def test_keda_serves_the_deployment_kvscale_renders_without_an_owner() -> None:
+    deployment, service = plain_children("ns", endpoint_spec())
+    assert "ownerReferences" not in deployment["metadata"]
+    assert deployment["metadata"]["name"] == "chat-engine" and deployment["spec"]["replicas"] == 1
+    assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
+    so = scaled_object("ns", "http://prom:9090", KedaTuning(threshold=2))
+    trigger = so["spec"]["triggers"][0]
+    assert trigger["metadata"]["query"] == 'sum(vllm:num_requests_waiting{namespace="ns"})'
+    assert trigger["metadata"]["threshold"] == "2"
+    assert so["spec"]["scaleTargetRef"]["name"] == "chat-engine"
