@@ -17,8 +17,7 @@ from typing import Any
 import pytest
 
 from kvscale_cluster.binaries import keda_dir
-from kvscale_cluster.fixtures import Cluster, kubectl, wait_for
-from kvscale_cluster.install import ROOT
+from kvscale_cluster.fixtures import Cluster, kubectl
 from kvscale_cluster.keda import EXTERNAL_METRICS, Keda, start_keda
 from kvscale_cluster.kube_api import KubeApi
 from kvscale_demo import versus
@@ -37,18 +36,6 @@ def keda(cluster: Cluster) -> Iterator[Keda]:
         yield started
     finally:
         started.stop()
-
-
-@pytest.fixture(scope="module")
-def crd(cluster: Cluster) -> None:
-    """kvscale's CRD applied and Established before conftest's `operator` applies it again:
-    `kubectl wait` right after a first apply can find no status yet and fail at once."""
-    kubectl(
-        cluster, "apply", "--server-side", "-f", str(ROOT / "crds" / "llmendpoints.kvscale.io.yaml")
-    )
-    path = "{.status.conditions[?(@.type=='Established')].status}"
-    get = ("get", "crd", "llmendpoints.kvscale.io", "-o", f"jsonpath={path}")
-    wait_for(lambda: kubectl(cluster, *get).stdout == "True", 60, "kvscale's CRD Established")
 
 
 @pytest.fixture
@@ -73,7 +60,7 @@ def test_external_metrics_answer_through_aggregation(cluster: Cluster, keda: Ked
 
 
 def test_kvscale_fails_no_request_while_scaling(
-    cluster: Cluster, crd: None, operator: Any, kube_api: KubeApi, namespace: str
+    cluster: Cluster, operator: Any, kube_api: KubeApi, namespace: str
 ) -> None:
     url = versus.deploy_kvscale(kube_api, namespace, versus.endpoint_spec())
     run = versus.replay(kube_api, namespace, url, "kvscale", (*PHASES, QUIET), SETTLE_S)
