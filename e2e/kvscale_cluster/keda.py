@@ -35,10 +35,11 @@ EXTERNAL_METRICS = "/apis/external.metrics.k8s.io/v1beta1"
 
 @dataclass(frozen=True)
 class Keda:
-    """KEDA's two running processes."""
+    """KEDA's two running processes, in ``cluster``."""
 
     operator: process.Component
     adapter: process.Component
+    cluster: Cluster
 
     def alive(self) -> bool:
         return process.alive(self.operator.pid) and process.alive(self.adapter.pid)
@@ -49,8 +50,19 @@ class Keda:
         )
 
     def stop(self) -> None:
-        for component in (self.adapter, self.operator):
-            process.stop(component.pid, grace=10.0)
+        """Unregister the external metrics API, then stop both processes. An APIService whose
+        server is gone leaves discovery incomplete, and the namespace controller then deletes no
+        namespace (the cluster outlives this KEDA: later tests delete theirs)."""
+        api = KubeApi(self.cluster.api_url, self.cluster.token, str(self.cluster.ca_path))
+        try:
+            api.delete(f"/apis/apiregistration.k8s.io/v1/apiservices/{API_SERVICE}")
+        except ApiError as error:
+            if error.status != 404:
+                raise
+        finally:
+            api.close()
+            for component in (self.adapter, self.operator):
+                process.stop(component.pid, grace=10.0)
 
 
 def _create(api: KubeApi, path: str, body: Obj) -> None:
@@ -192,7 +204,7 @@ def start_keda(cluster: Cluster, folder: Path, timeout: float = 120.0) -> Keda:
         cluster.logs_dir,
         env=env,
     )
-    keda = Keda(operator, adapter)
+    keda = Keda(operator, adapter, cluster)
     try:
         _register(api, cluster.host_ip, adapter_port, certs / "ca.crt")
 
