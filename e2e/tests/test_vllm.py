@@ -28,7 +28,7 @@ import openai
 import pytest
 import yaml
 from load import Load
-from scenario_helpers import engine_metric, is_ready
+from scenario_helpers import engine_metric, is_ready, router_counters, weights
 from test_autoscale import condition, events, status
 
 from kvscale.kube import Kube
@@ -218,7 +218,15 @@ def test_burst_raises_replicas_from_vllm_signals_and_both_serve(
         def both_served() -> bool:
             return all(successes(p) - before[p["metadata"]["name"]] >= 3 for p in pods)
 
-        wait_for(both_served, timeout=90, what="both vLLM replicas serving routed requests")
+        try:
+            wait_for(both_served, timeout=90, what="both vLLM replicas serving routed requests")
+        except AssertionError:  # what the router saw: its weights and where its picks went
+            picks = {k: v for k, v in router_counters(api, ns, NAME).items() if "picks_t" in k[0]}
+            served = {
+                p["metadata"]["name"]: successes(p) - before[p["metadata"]["name"]] for p in pods
+            }
+            print(f"weights {weights(api, ns, NAME)}, picks {picks}, served since Ready {served}")
+            raise
     assert not load.failures(), load.failures()[:5]
     assert events(api, ns).get("ScaledUp")
 

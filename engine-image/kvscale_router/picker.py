@@ -5,7 +5,8 @@ took it, while that replica is within its load bound (it carries at most (1 + ep
 weighted share of the outstanding tokens); when several took it (a system prompt every replica
 has served), the one with the fewest outstanding tokens per unit weight wins, so a shared prefix
 does not herd new conversations onto one replica. A prefix never seen walks the consistent-hash
-ring from its first block with bounded load. Without prompt blocks, the least loaded replica.
+ring from its first block with bounded load. Without prompt blocks, the least loaded replica
+(equally loaded ones in turn: a light load whose requests never overlap still reaches them all).
 `least-loaded` skips affinity; `round-robin` is the baseline the benchmark compares against.
 Weights scale each replica's load bound; weight 0 takes no new request.
 """
@@ -80,6 +81,7 @@ class Picker:
         self.in_flight: dict[str, int] = {}
         self._ring = HashRing.build(())
         self._turn = itertools.count()
+        self._ties = itertools.count()
 
     def pick(
         self,
@@ -114,10 +116,15 @@ class Picker:
         return Choice(name, "ring") if name else Choice(self._least_loaded(live), "least_loaded")
 
     def _least_loaded(self, live: Mapping[str, float]) -> str:
-        def load(name: str) -> tuple[float, int, str]:
-            return (self.tokens.get(name, 0.0) / live[name], self.in_flight.get(name, 0), name)
+        """The fewest outstanding tokens per unit weight, then the fewest requests in flight;
+        equals take turns, so replicas that are all idle between requests share them."""
 
-        return min(live, key=load)
+        def load(name: str) -> tuple[float, int]:
+            return (self.tokens.get(name, 0.0) / live[name], self.in_flight.get(name, 0))
+
+        lowest = min(load(n) for n in live)
+        tied = sorted(n for n in live if load(n) == lowest)
+        return tied[next(self._ties) % len(tied)]
 
     def started(self, name: str, cost: float) -> None:
         self.tokens[name] = self.tokens.get(name, 0.0) + cost

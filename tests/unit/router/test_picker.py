@@ -58,6 +58,22 @@ def test_least_outstanding_tokens_breaks_ties() -> None:
     assert picker.pick([], 10, ALL).name == "b"  # type: ignore[union-attr]
 
 
+def test_idle_replicas_take_turns() -> None:
+    """A light load whose requests finish before the next arrives reaches every replica, not
+    the first name: a new replica behind an idle peer would otherwise never serve."""
+    picker = Picker()
+    counts: Counter[str] = Counter()
+    for _ in range(30):
+        choice = picker.pick([], 10, ALL)
+        assert choice is not None and choice.reason == "least_loaded"
+        picker.started(choice.name, 10)
+        picker.finished(choice.name, 10)
+        counts[choice.name] += 1
+    assert counts == {"a": 10, "b": 10, "c": 10}
+    picker.started("b", 10)  # a loaded replica is still passed over while the others are idle
+    assert {picker.pick([], 10, ALL).name for _ in range(4)} == {"a", "c"}  # type: ignore[union-attr]
+
+
 def test_exclusions_and_empty_sets() -> None:
     picker = Picker()
     assert picker.pick(keys(1), 10, {}) is None
