@@ -91,7 +91,8 @@ test-e2e: prereqs venv system-deps k8s helm keda vllm
 	KVSCALE_K8S_BIN=$(K8S_BIN) KVSCALE_HELM=$(HELM) KVSCALE_KEDA=$(KEDA) $(PYTEST) e2e/tests
 
 # the real node (docs/real-node.md): the upstream kubelet (e2e/k8sbin/build.sh kubelet) and the
-# pause and busybox images (e2e/real-node/build-images.sh), each built once and cached
+# pause, busybox and kvscale/operator images (e2e/real-node/build-images.sh), each built once and
+# cached by content
 real-node: k8s
 	$(MAKE) system-deps REAL=1
 	e2e/k8sbin/build.sh kubelet >/dev/null

@@ -15,7 +15,8 @@
 # an install names them. Each image carries the OCI labels org.opencontainers.image.source (SOURCE,
 # default: the git remote `origin`), .version (the package's) and .revision (the git commit).
 # Environment: REGISTRY, TAG, VARIANT=cpu|cuda (default cpu), SOURCE, BASE_IMAGE (default: the
-# debootstrap image below), DEBIAN_MIRROR, CA_BUNDLE.
+# debootstrap image below), DEBIAN_MIRROR, CA_BUNDLE, IMAGES (which to build, default
+# "engine operator"; the real node's tier builds only the operator: e2e/real-node/build-images.sh).
 # `--dry-run` prints the build commands without building; `--base-only` builds only the base.
 set -euo pipefail
 
@@ -88,8 +89,13 @@ main() {
         [[ "${1:-}" == "--base-only" ]] && return 0
         ctx=$(stage_context)
     fi
-    build "$IMAGE" engine-image/Dockerfile "$ctx" --build-arg VARIANT="$VARIANT"
-    build "$OPERATOR_IMAGE" operator/Dockerfile "$ctx"
+    for name in ${IMAGES:-engine operator}; do
+        case "$name" in
+            engine) build "$IMAGE" engine-image/Dockerfile "$ctx" --build-arg VARIANT="$VARIANT" ;;
+            operator) build "$OPERATOR_IMAGE" operator/Dockerfile "$ctx" ;;
+            *) log "IMAGES names engine and operator, not $name"; return 1 ;;
+        esac
+    done
 }
 
 main "$@"

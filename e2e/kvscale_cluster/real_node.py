@@ -7,8 +7,10 @@ folder in ``real-node/``: containerd's root, state, sockets and runc root (never
 CNI config (Debian's bridge and host-local plugins on the cluster's own bridge, addresses
 ``.192-.254`` of its subnet, below which the process kubelet stays), the kubelet's root,
 certificates and pod logs. Images come from ``ctr images import`` of the tarballs
-``e2e/real-node/build-images.sh`` builds (no registry). What each setting is for, and the
-errors met without it, are in docs/real-node.md.
+``e2e/real-node/build-images.sh`` builds (no registry). The node registers with the taint
+``kvscale.dev/node-kind=real:NoSchedule``: only pods that tolerate it land there, so a pod whose
+image only the process kubelet has (the engine's) is never scheduled onto it. What each setting
+is for, and the errors met without it, are in docs/real-node.md.
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ SANDBOX_IMAGE = "registry.k8s.io/pause:3.10"
 CNI_BIN = Path("/usr/lib/cni")
 CGROUPS = Path("/sys/fs/cgroup")
 NOT_READY_TAINT = "node.kubernetes.io/not-ready"
+TAINT = {"key": LABEL[0], "value": LABEL[1], "effect": "NoSchedule"}
+TOLERATION = {"key": LABEL[0], "operator": "Equal", "value": LABEL[1], "effect": "NoSchedule"}
 COMPONENTS = ("real-kubelet", "containerd")
 
 
@@ -72,15 +76,17 @@ class RealNode:
         return done.stdout
 
 
-def images_dir() -> Path:
-    """The folder of image tarballs (``$KVSCALE_REAL_NODE_IMAGES``, set by ``make``)."""
-    configured = os.environ.get(IMAGES_ENV)
-    if not configured or not (Path(configured) / "pause.tar").is_file():
+def images_dirs() -> list[Path]:
+    """The folders of image tarballs (``$KVSCALE_REAL_NODE_IMAGES``, a ``:``-separated list that
+    ``make`` sets from build-images.sh), one of them with the sandbox image's pause.tar."""
+    configured = os.environ.get(IMAGES_ENV) or ""
+    folders = [Path(p) for p in configured.split(os.pathsep) if p]
+    if not any((folder / "pause.tar").is_file() for folder in folders):
         raise RealNodeError(
             f"${IMAGES_ENV} names no folder with pause.tar ({configured!r}): "
             "run e2e/real-node/build-images.sh (make test-real does)"
         )
-    return Path(configured)
+    return folders
 
 
 def _containerd_config(node: RealNode) -> str:
@@ -280,7 +286,7 @@ def start(
     kubelet_bin = bin_dir / "kubelet"
     if not kubelet_bin.is_file():
         raise RealNodeError(f"No kubelet in {bin_dir}: run e2e/k8sbin/build.sh kubelet")
-    images = images_dir()
+    images = images_dirs()
     node = RealNode(root)
     for sub in ("containerd", "cni", "pki", "kubelet"):
         (root / sub).mkdir(parents=True, exist_ok=True)
@@ -294,7 +300,7 @@ def start(
     started = [containerd]
     try:
         wait_for(lambda: _containerd_up(node, containerd), 30, "containerd's socket")
-        for tarball in sorted(images.glob("*.tar")):
+        for tarball in sorted(t for folder in images for t in folder.glob("*.tar")):
             node.ctr_checked("images", "import", str(tarball))
         argv = [
             str(kubelet_bin),
@@ -305,6 +311,7 @@ def start(
             f"--hostname-override={NAME}",
             f"--node-ip={host_ip}",
             f"--node-labels={LABEL[0]}={LABEL[1]}",
+            f"--register-with-taints={TAINT['key']}={TAINT['value']}:{TAINT['effect']}",
             "--v=1",
         ]
         started.append(process.start("real-kubelet", argv, logs))

@@ -1,14 +1,24 @@
 #!/usr/bin/env bash
-# Builds the two images the real node needs without a registry (docs/real-node.md), as
-# `docker save` tarballs for `ctr -n k8s.io images import`, into
-# ${KVSCALE_CACHE:-~/.cache/kvscale}/real-node-images/<hash>/ once; the hash covers this script,
-# the pause source and the busybox-static version, so a change to any rebuilds. Prints the folder.
-#   pause.tar    registry.k8s.io/pause:3.10: upstream's pause.c from the k8s.io/kubernetes module,
-#                compiled static (containerd's sandbox_image)
-#   busybox.tar  kvscale.local/busybox:1.35.0: Debian's busybox-static with every applet linked
-#                in /bin, for the tier's test pods (sh, id, httpd, wget, nslookup...)
+# Builds the images the real node imports without a registry (docs/real-node.md), as
+# `docker save` tarballs for `ctr -n k8s.io images import`, each once, and prints their folders
+# (a `:`-separated list, what $KVSCALE_REAL_NODE_IMAGES holds):
+#   ${KVSCALE_CACHE:-~/.cache/kvscale}/real-node-images/<hash>/, the hash covering this script,
+#   the pause source and the busybox-static version:
+#     pause.tar    registry.k8s.io/pause:3.10: upstream's pause.c from the k8s.io/kubernetes
+#                  module, compiled static (containerd's sandbox_image)
+#     busybox.tar  kvscale.local/busybox:1.35.0: Debian's busybox-static with every applet linked
+#                  in /bin, for the tier's test pods (sh, id, httpd, wget, nslookup...)
+#   .../real-node-images/operator-<hash>/operator.tar: kvscale/operator:<version>, built by
+#     engine-image/build-image.sh (IMAGES=operator) from the files of the source tree that go
+#     into the image (pyproject.toml, README.md, operator/, engine-image/), which the hash covers
+#     with the build scripts: a change to any of them rebuilds it, nothing else does.
+# One build at a time (a lock): CI starts it beside the first tiers, `make test-real` waits on it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+cache="${KVSCALE_CACHE:-$HOME/.cache/kvscale}/real-node-images"
+mkdir -p "$cache"
+exec 9>"$cache/build.lock"
+flock 9
 pause_c="$(cd k8sbin && go list -m -f '{{.Dir}}' k8s.io/kubernetes)/build/pause/linux/pause.c"
 busybox_version=$(apt-cache policy busybox-static | sed -n 's/^ *Candidate: //p')
 if [ -z "$busybox_version" ] || [ "$busybox_version" = "(none)" ]; then
@@ -17,7 +27,7 @@ if [ -z "$busybox_version" ] || [ "$busybox_version" = "(none)" ]; then
 fi
 [ -n "$busybox_version" ] && [ "$busybox_version" != "(none)" ] || { echo "[real-node] busybox-static is not known to apt" >&2; exit 1; }
 hash=$( { cat real-node/build-images.sh "$pause_c"; echo "$busybox_version"; } | sha256sum | cut -c1-16)
-out="${KVSCALE_CACHE:-$HOME/.cache/kvscale}/real-node-images/$hash"
+out="$cache/$hash"
 if [ ! -s "$out/pause.tar" ] || [ ! -s "$out/busybox.tar" ]; then
   WORK=$(mktemp -d)
   trap 'rm -rf "$WORK"' EXIT
@@ -47,4 +57,18 @@ if [ ! -s "$out/pause.tar" ] || [ ! -s "$out/busybox.tar" ]; then
   mv "$out/busybox.tar.tmp" "$out/busybox.tar"
   echo "[real-node] Built the pause and busybox images into $out" >&2
 fi
-echo "$out"
+# the operator image, from what of the tree goes into it (git's view: tracked or not ignored)
+version=$(sed -n 's/^version = "\(.*\)"$/\1/p' ../pyproject.toml)
+sources=$(cd .. && git ls-files -co --exclude-standard -- pyproject.toml README.md operator engine-image \
+  | sort | xargs sha256sum | sha256sum)
+op_hash=$( { cat real-node/build-images.sh ../engine-image/build-image.sh docker.sh;
+  echo "$version $sources"; } | sha256sum | cut -c1-16)
+operator="$cache/operator-$op_hash"
+if [ ! -s "$operator/operator.tar" ]; then
+  (cd .. && IMAGES=operator TAG="$version" REGISTRY=kvscale engine-image/build-image.sh) >&2
+  mkdir -p "$operator"
+  docker save "kvscale/operator:$version" -o "$operator/operator.tar.tmp"
+  mv "$operator/operator.tar.tmp" "$operator/operator.tar"
+  echo "[real-node] Saved kvscale/operator:$version into $operator" >&2
+fi
+echo "$out:$operator"

@@ -47,6 +47,7 @@ def real_pod(name: str, script: str, **spec: Any) -> dict[str, Any]:
         "metadata": {"name": name, "labels": {"app": name}},
         "spec": {
             "nodeSelector": {real_node.LABEL[0]: real_node.LABEL[1]},
+            "tolerations": [real_node.TOLERATION],
             "terminationGracePeriodSeconds": 1,
             "containers": [container],
             **spec,

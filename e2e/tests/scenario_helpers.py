@@ -1,6 +1,6 @@
-"""What the fault scenarios need beyond `load.py` and the autoscale helpers: a load that records
-when each request ended, the process behind a pod's container, the router's own counters, and
-an inventory of an endpoint's children to compare before and after a fault."""
+"""What the fault scenarios need beyond `kvscale_demo.load` and the autoscale helpers: a load that
+records when each request ended, the process behind a pod's container, the router's own counters,
+and an inventory of an endpoint's children to compare before and after a fault."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ from typing import Any
 
 import httpx
 import openai
-from load import Load
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvscale.children.router import ROUTER_PORT
 from kvscale.kube import Kube
+from kvscale_demo.load import Load
 
 OPERATOR_NAMESPACE = "kvscale-system"
 OPERATOR_SELECTOR = "app.kubernetes.io/name=kvscale-operator"

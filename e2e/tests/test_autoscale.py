@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import openai
-from load import Load, p99
 from scenario_helpers import weights
 
 from kvscale.kube import Kube
@@ -23,6 +22,7 @@ from kvscale_cluster.config import NodeConfig
 from kvscale_cluster.fixtures import Cluster, kubectl, wait_for
 from kvscale_cluster.ports import free_port
 from kvscale_cluster.prometheus import prometheus_binary
+from kvscale_demo.load import Load, p99
 
 API = "kvscale.io/v1alpha1"
 INTERVAL = 10

@@ -27,12 +27,12 @@ from typing import Any
 
 import openai
 import pytest
-from load import Load, p99
 from test_autoscale import apply, endpoint, serving, status
 
 from kvscale.kube import Kube
 from kvscale_cluster.fixtures import Cluster, wait_for
 from kvscale_cluster.wait import GiveUp
+from kvscale_demo.load import Load, p99
 
 MODEL = "tiny"
 CLASS_HEADER = "x-kvscale-class"

@@ -27,7 +27,6 @@ from typing import Any
 import openai
 import pytest
 import yaml
-from load import Load
 from scenario_helpers import engine_metric, is_ready, router_counters, weights
 from test_autoscale import condition, events, status
 
@@ -35,6 +34,7 @@ from kvscale.kube import Kube
 from kvscale_cluster import images
 from kvscale_cluster.fixtures import Cluster, kubectl, wait_for
 from kvscale_cluster.install import ROOT
+from kvscale_demo.load import Load
 
 SAMPLE = ROOT / "manifests" / "samples" / "vllm-cpu.yaml"
 BODY: dict[str, Any] = yaml.safe_load(SAMPLE.read_text())

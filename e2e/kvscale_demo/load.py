@@ -1,5 +1,6 @@
-"""A load generator for the closed-loop tests: streaming completions through the official
-`openai` client at a request rate the test changes while it runs, recording every request.
+"""A load generator for the closed-loop tests (e2e/tests, e2e/real): streaming completions
+through the official `openai` client at a request rate the test changes while it runs, recording
+every request.
 
 It runs its own event loop on a thread, so a synchronous test can start it, wait on the cluster
 with `wait_for`, change the concurrency, and read the results at any time.
