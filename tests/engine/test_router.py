@@ -184,7 +184,11 @@ def test_requests_are_held_while_no_replica_may_take_them(
         concurrent.futures.ThreadPoolExecutor(1) as pool,
     ):
         held = pool.submit(
-            client(router).completions.create, model=MODEL, prompt="from zero", max_tokens=4
+            client(router).completions.create,
+            model=MODEL,
+            prompt="from zero",
+            max_tokens=4,
+            extra_body={"ignore_eos": True},  # whichever replica takes it, 4 tokens
         )
         wait_for(lambda: router.metric("kvscale_router_pending_requests") == 1, 30, "a hold")
         over = httpx.post(f"{router.api}/completions", json={"prompt": "x"}, timeout=30)
