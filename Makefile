@@ -17,7 +17,7 @@ E2E_PATH := PYTHONPATH=$(CURDIR)/e2e
 
 .PHONY: profile prereqs venv system-deps k8s helm keda vllm lint typecheck imports crds chart test test-unit \
 	test-engine test-controlplane test-e2e test-fresh demo bench cluster-up cluster-down image clean \
-	real-node test-real cluster-up-real
+	real-node test-real test-real-engine cluster-up-real
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -100,6 +100,11 @@ real-node: k8s
 
 test-real: prereqs venv real-node
 	KVSCALE_K8S_BIN=$(K8S_BIN) KVSCALE_REAL_NODE_IMAGES=$(REAL_NODE_IMAGES) $(PYTEST) e2e/real
+
+# kvscale's engine image as containers on the real node (e2e/real-engine/): not in `make test`,
+# since the image is 5.9 GB (PyPI's torch brings its CUDA libraries) and ~12 GB in containerd
+test-real-engine: prereqs venv real-node image
+	KVSCALE_K8S_BIN=$(K8S_BIN) KVSCALE_REAL_NODE_IMAGES=$(REAL_NODE_IMAGES) $(PYTEST) e2e/real-engine
 
 test: prereqs lint typecheck imports test-unit test-engine test-controlplane test-e2e test-real
 

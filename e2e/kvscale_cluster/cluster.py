@@ -244,9 +244,9 @@ class Cluster:
         control_plane.wait_controllers(kcm, scheduler, ep)
         self._wait_nodes(config, kubelet)
         if config.real_node:
-            self._start_real_node(pki, bin_dir)
+            self._start_real_node(pki, bin_dir, config.docker_images)
 
-    def _start_real_node(self, pki: Pki, bin_dir: Path) -> None:
+    def _start_real_node(self, pki: Pki, bin_dir: Path, docker_images: tuple[str, ...]) -> None:
         if self.state.network != "netns":
             raise real_node.RealNodeError("The real node needs the netns pod network (a bridge)")
         api = KubeApi(self.api_url, self.token, self.state.ca_path)
@@ -260,6 +260,7 @@ class Cluster:
             self.state.slot,
             bin_dir,
             self.logs_dir,
+            docker_images,
         )
         for component in started:
             self._record(component)

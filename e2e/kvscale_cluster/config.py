@@ -40,6 +40,9 @@ class ClusterConfig:
     network: str = "auto"
     prometheus: bool = True
     real_node: bool = False  # a third node under the upstream kubelet (real_node.py)
+    # images the real node's containerd copies from Docker's engine when it starts (`docker save
+    # | ctr images import -`, no tarball on disk): what the image tarballs do not hold
+    docker_images: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.network not in NETWORK_MODES:

@@ -280,9 +280,17 @@ def publish_api_endpoint(api: KubeApi, api_url: str) -> None:
 
 
 def start(
-    root: Path, pki: Pki, api_url: str, host_ip: str, slot: int, bin_dir: Path, logs: Path
+    root: Path,
+    pki: Pki,
+    api_url: str,
+    host_ip: str,
+    slot: int,
+    bin_dir: Path,
+    logs: Path,
+    docker_images: tuple[str, ...] = (),
 ) -> list[process.Component]:
-    """Write the node's configs, start containerd, import the images and start the kubelet."""
+    """Write the node's configs, start containerd, import the images (the tarballs, then
+    ``docker_images`` straight from Docker's engine) and start the kubelet."""
     kubelet_bin = bin_dir / "kubelet"
     if not kubelet_bin.is_file():
         raise RealNodeError(f"No kubelet in {bin_dir}: run e2e/k8sbin/build.sh kubelet")
@@ -302,6 +310,8 @@ def start(
         wait_for(lambda: _containerd_up(node, containerd), 30, "containerd's socket")
         for tarball in sorted(t for folder in images for t in folder.glob("*.tar")):
             node.ctr_checked("images", "import", str(tarball))
+        for image in docker_images:
+            import_from_docker(node, image)
         argv = [
             str(kubelet_bin),
             f"--config={root / 'kubelet' / 'config.yaml'}",
@@ -319,6 +329,24 @@ def start(
         stop(root, slot, {c.name: c.pid for c in started})
         raise
     return started
+
+
+def import_from_docker(node: RealNode, image: str) -> None:
+    """``docker save IMAGE | ctr images import -``: a large image (the engine's, 5.9 GB) goes
+    into the node's content store without a tarball on disk beside it."""
+    argv = ["ctr", "--address", str(node.socket), "--namespace", "k8s.io", "images", "import", "-"]
+    save = subprocess.Popen(["docker", "save", image], stdout=subprocess.PIPE)
+    try:
+        done = subprocess.run(argv, stdin=save.stdout, capture_output=True, text=True, check=False)
+    finally:
+        if save.stdout is not None:
+            save.stdout.close()
+        saved = save.wait()
+    if saved != 0 or done.returncode != 0:
+        raise RealNodeError(
+            f"docker save {image} | ctr images import - failed ({saved}, {done.returncode}): "
+            f"{done.stderr.strip()} (is the image built? make image)"
+        )
 
 
 def _containerd_up(node: RealNode, containerd: process.Component) -> bool:

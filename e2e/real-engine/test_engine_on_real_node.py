@@ -1,0 +1,191 @@
+"""kvscale's engine image as containers under the real kubelet.
+
+kvscale installed from manifests/ (e2e/install) with its operator on a process node; an endpoint
+whose engine pods the podTemplate pins to the real node (its label and a toleration of its
+taint), in a namespace enforcing the restricted Pod Security profile. In order: the engine
+container runs as the image's user with a read-only root and becomes Ready by the real kubelet's
+probes; it serves through the endpoint's Service (the router on a process node) and the operator
+reads its metrics; killed with SIGKILL it is restarted and serves again; two replicas drain back
+to one with requests flowing and none failed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import secrets
+from collections.abc import Iterator
+from typing import Any
+
+import openai
+import pytest
+
+from kvscale.kube import Kube
+from kvscale_cluster import real_node
+from kvscale_cluster.fixtures import Cluster, kubectl, wait_for
+from kvscale_cluster.install import install_kvscale, uninstall_kvscale
+from kvscale_demo.load import Load
+
+API = "kvscale.io/v1alpha1"
+NAME, MODEL = "chat", "tiny"
+ENGINES = f"kvscale.io/endpoint={NAME},kvscale.io/role=engine"
+INTERVAL, STABILIZATION = 10, 20
+
+
+def endpoint(replicas: int) -> dict[str, Any]:
+    return {
+        "apiVersion": API,
+        "kind": "LLMEndpoint",
+        "metadata": {"name": NAME},
+        "spec": {
+            "model": {
+                "name": MODEL,
+                "source": {"dummy": {"preset": "llama-tiny"}},
+                "maxModelLen": 512,
+            },
+            "engine": {"maxNumSeqs": 4, "maxNumBatchedTokens": 512},
+            "resources": {"gpusPerReplica": 0, "cpu": "500m", "memory": "2Gi"},
+            "slo": {"ttftP99Seconds": 2, "itlP99Seconds": 0.5},
+            "replicas": replicas,
+            "scaling": {
+                "minReplicas": 1,
+                "maxReplicas": 2,
+                "capacityIntervalSeconds": INTERVAL,
+                "routingIntervalSeconds": 1,
+                "scaleDownStabilizationSeconds": STABILIZATION,
+                "replicaCapacityTokensPerSecond": 150,
+            },
+            "podTemplate": {
+                "nodeSelector": {real_node.LABEL[0]: real_node.LABEL[1]},
+                "tolerations": [real_node.TOLERATION],
+            },
+        },
+    }
+
+
+@pytest.fixture(scope="module")
+def api(cluster: Cluster) -> Kube:
+    return Kube(cluster.api_client())
+
+
+@pytest.fixture(scope="module")
+def namespace(cluster: Cluster, api: Kube) -> Iterator[str]:
+    def run(*args: str) -> object:
+        return kubectl(cluster, *args)
+
+    install_kvscale(run)
+    name = f"engine-{secrets.token_hex(3)}"
+    kubectl(cluster, "create", "namespace", name)
+    kubectl(cluster, "label", "namespace", name, "pod-security.kubernetes.io/enforce=restricted")
+    try:
+        apply(cluster, name, endpoint(replicas=1))
+        yield name
+    finally:
+        with contextlib.suppress(AssertionError):
+            kubectl(cluster, "delete", "namespace", name, "--wait=false")
+        wait_for(lambda: not api.list_pods(name, ""), 180, f"pods of {name} gone")
+        uninstall_kvscale(run)
+
+
+def apply(cluster: Cluster, namespace: str, body: dict[str, Any]) -> None:
+    kubectl(cluster, "apply", "--server-side", "-n", namespace, "-f", "-", stdin=json.dumps(body))
+
+
+def status(api: Kube, namespace: str) -> dict[str, Any]:
+    found = api.get(API, "LLMEndpoint", namespace, NAME)
+    assert found is not None
+    return dict(found.get("status") or {})
+
+
+def condition(st: dict[str, Any], type_: str) -> dict[str, Any]:
+    return next((c for c in st.get("conditions", []) if c["type"] == type_), {})
+
+
+def engines(api: Kube, namespace: str) -> list[dict[str, Any]]:
+    pods = api.list_pods(namespace, ENGINES)
+    return [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+
+
+def ready(pod: dict[str, Any]) -> bool:
+    conditions = pod.get("status", {}).get("conditions") or []
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+
+def container(pod: dict[str, Any]) -> dict[str, Any]:
+    (found,) = pod["status"].get("containerStatuses") or [{}]
+    return dict(found)
+
+
+def url(api: Kube, namespace: str) -> str:
+    service = api.get("v1", "Service", namespace, NAME)
+    assert service is not None
+    return f"http://{service['spec']['clusterIP']}:8000"
+
+
+def complete(api: Kube, namespace: str, prompt: str) -> None:
+    client = openai.OpenAI(base_url=f"{url(api, namespace)}/v1", api_key="-", max_retries=0)
+    out = client.completions.create(
+        model=MODEL, prompt=prompt, max_tokens=8, extra_body={"ignore_eos": True}
+    )
+    assert out.usage is not None and out.usage.completion_tokens == 8
+
+
+def test_engine_runs_as_a_container_and_serves(cluster: Cluster, api: Kube, namespace: str) -> None:
+    wait_for(
+        lambda: condition(status(api, namespace), "Available").get("status") == "True",
+        300,
+        "the endpoint Available with its engine on the real node",
+    )
+    (pod,) = engines(api, namespace)
+    assert pod["spec"]["nodeName"] == real_node.NAME
+    assert container(pod)["containerID"].startswith("containerd://")
+    name = pod["metadata"]["name"]
+    uid = kubectl(cluster, "-n", namespace, "exec", name, "--", "id", "-u").stdout.strip()
+    assert uid == "10001"
+    denied = kubectl(cluster, "-n", namespace, "exec", name, "--", "touch", "/opt/probe",
+                     check=False)  # fmt: skip
+    assert denied.returncode != 0 and "Read-only file system" in denied.stderr, denied
+    complete(api, namespace, "Hello from a real node's engine")
+    wait_for(
+        lambda: condition(status(api, namespace), "MetricsAvailable").get("status") == "True",
+        6 * INTERVAL,
+        "MetricsAvailable=True (the operator scraping the container)",
+    )
+
+
+def test_killed_engine_container_restarts_and_serves_again(
+    cluster: Cluster, api: Kube, namespace: str
+) -> None:
+    (pod,) = engines(api, namespace)
+    task = container(pod)["containerID"].removeprefix("containerd://")
+    node = real_node.RealNode(cluster.directory / "real-node")
+    node.ctr_checked("tasks", "kill", "--signal", "SIGKILL", task)
+
+    def back() -> dict[str, Any] | None:
+        (now,) = engines(api, namespace)
+        state = container(now)
+        return now if state.get("restartCount") == 1 and ready(now) else None
+
+    restarted = wait_for(back, 180, "the engine container restarted and Ready")
+    assert container(restarted)["lastState"]["terminated"]["exitCode"] == 137
+    wait_for(lambda: complete(api, namespace, "Again") is None, 60, "a completion after it")
+
+
+def test_two_replicas_drain_to_one_without_failures(
+    cluster: Cluster, api: Kube, namespace: str
+) -> None:
+    apply(cluster, namespace, endpoint(replicas=2))
+    wait_for(lambda: len([p for p in engines(api, namespace) if ready(p)]) == 2, 300,
+             "2 engine containers Ready")  # fmt: skip
+    with Load(url(api, namespace), MODEL) as load:
+        load.set_rate(0.5)
+        kubectl(cluster, "-n", namespace, "patch", "llme", NAME, "--type=json",
+                "-p", '[{"op": "remove", "path": "/spec/replicas"}]')  # fmt: skip
+        wait_for(
+            lambda: (
+                status(api, namespace).get("replicas") == 1 and len(engines(api, namespace)) == 1
+            ),
+            10 * (STABILIZATION + INTERVAL),
+            "back to 1 engine container once unpinned",
+        )
+    assert len(load.results) >= 10 and not load.failures(), load.failures()[:5]
