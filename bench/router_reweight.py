@@ -85,7 +85,7 @@ class Loop:
             started = time.monotonic()
             if self.enabled:
                 snapshot = await self.source.snapshot(target, time.time())
-                decision = decide([p.name for p in self.pods], snapshot.replicas, (), (),
+                decision = decide([p.name for p in self.pods], snapshot.replicas, {}, (),
                                   self.state)  # fmt: skip
                 self.state = decision.state
                 self.publish(decision.weights, decision.reason)

@@ -30,24 +30,24 @@ from kvscale.signals.snapshot import Snapshot
 from kvscale.timestamps import stamp
 
 JSON = dict[str, Any]
-WARMUP_S = 10.0  # a replica gets traffic this long after it turned Ready
+WARMUP_S = 10.0  # a replica's weight ramps up over this long after it turned Ready
 ROUTING_MANAGER = "kvscale-routing"
 
 
-def warming(pods: Collection[JSON], now: float) -> set[str]:
-    """Ready pods whose readiness is younger than the warm-up, while an older one serves.
+def warming(pods: Collection[JSON], now: float) -> dict[str, float]:
+    """Ready pods whose readiness is younger than the warm-up, while an older one serves, with
+    the share of their warm-up elapsed (the routing law ramps their weight up with it).
 
-    When every ready pod is young (a new endpoint, or one back from zero) none is held back:
-    a warm-up only shifts load to peers, and holding requests with no peer would only queue
-    them at the router.
+    When every ready pod is young (a new endpoint, or one back from zero) none ramps: a slow
+    start only shifts load to peers, and with no peer it would only queue requests.
     """
     ready = [p for p in fleet.live(pods) if fleet.is_ready(p)]
-    young = set()
+    young: dict[str, float] = {}
     for pod in ready:
         since = fleet.ready_since(pod)
         if since is not None and now - since < WARMUP_S:
-            young.add(pod["metadata"]["name"])
-    return young if len(young) < len(ready) else set()
+            young[pod["metadata"]["name"]] = max(0.0, now - since) / WARMUP_S
+    return young if len(young) < len(ready) else {}
 
 
 class RoutingLoop:

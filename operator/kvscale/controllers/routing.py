@@ -2,7 +2,10 @@
 
 The router multiplies each replica's share of new requests by its weight, so a replica whose queue
 grows, whose KV cache fills, that preempts or whose TTFT runs past its peers' gets less new work
-until it recovers; weight 0 stops new work entirely (warming up, or draining before a scale-in).
+until it recovers; weight 0 stops new work entirely (draining before a scale-in). A replica that
+has just turned Ready starts slow: its weight grows from a tenth of its target to the whole
+target over its warm-up (as Envoy's and HAProxy's slow start do), so it takes load from an
+overloaded peer at once without taking a full share before its first requests have run.
 
 Pure: the caller fetches signals and the pod sets, calls `decide`, publishes the weights and
 keeps `decision.state` for the next tick. Weights are relative (replicas loaded like their peers
@@ -14,8 +17,8 @@ outstanding tokens (prompt + requested output, as the router counts them) it may
 SLO, which the router's deferred queue fills with spare work. A replica at its capacity c
 (tokens/s, as the capacity law learned it, else the spec's prior) works off c x T tokens within
 the TTFT target T; work beyond that would keep an interactive arrival that waits behind it past
-its target, so c x T is what it may hold, scaled by its weight (a loaded replica holds less, a
-draining or warming one none). The budget follows the endpoint: a faster model, a looser SLO or a
+its target, so c x T is what it may hold, scaled by its weight (a loaded or warming replica
+holds less, a draining one none). The budget follows the endpoint: a faster model, a looser SLO or a
 larger learned capacity let more deferred work in, where the router's fixed default does not.
 """
 
@@ -58,6 +61,7 @@ class RoutingParams:
     dead_band: float = 0.05  # changes smaller than this are not published
     floor: float = 0.05  # a loaded but serving replica keeps at least this weight
     hot_below: float = 0.5  # weights under this are called hot in the reason
+    warm_start: float = 0.1  # share of its target a replica gets as its warm-up begins
     # a replica's capacity at the SLO (tokens/s): with `ttft_slo_s`, sets its token budget
     replica_tokens_per_s: float | None = None
 
@@ -69,6 +73,8 @@ class RoutingParams:
             raise ValueError("floor must be in [0, 1] and dead_band in [0, 1)")
         if not 0.0 <= self.kv_knee < 1.0:
             raise ValueError("kv_knee must be in [0, 1)")
+        if not 0.0 < self.warm_start <= 1.0:
+            raise ValueError("warm_start must be in (0, 1]")
 
 
 @dataclass(frozen=True)
@@ -162,28 +168,37 @@ def smooth(previous: float | None, target: float, params: RoutingParams) -> floa
 def decide(
     pods: Collection[str],
     signals: Sequence[ReplicaSignals],
-    warming: Collection[str],
+    warming: Mapping[str, float],
     draining: Collection[str],
     state: RoutingState,
     params: RoutingParams = RoutingParams(),
 ) -> RoutingDecision:
-    """Weights for `pods` (every pod the router may see): 0 when warming or draining, else the
-    smoothed target from its signals; a serving pod without signals keeps its last weight (1 when
-    new), since missing metrics are no evidence of load."""
-    serving = [p for p in sorted(pods) if p not in warming and p not in draining]
+    """Weights for `pods` (every pod the router may see): 0 when draining; for a pod warming up
+    (`warming`: the share of its warm-up elapsed, in [0, 1)) its target scaled by a ramp from
+    `warm_start` to 1; else the smoothed target from its signals. A serving pod without signals
+    keeps its last weight (1 when new), since missing metrics are no evidence of load."""
+    serving = [p for p in sorted(pods) if p not in draining]
     measured = [r for r in signals if r.pod in serving]
     goal = targets(measured, params)
     weights: dict[str, float] = {}
+    remembered: dict[str, float] = {}
     for pod in sorted(pods):
-        if pod in draining or pod in warming:
-            weights[pod] = 0.0
+        if pod in draining:
+            weights[pod] = remembered[pod] = 0.0
+        elif pod in warming:  # remembered as 0: once warm it starts at its target, unsmoothed
+            ramp = params.warm_start + (1.0 - params.warm_start) * _clamp(warming[pod])
+            weights[pod] = round(max(params.floor, ramp * goal.get(pod, 1.0)), 4)
+            remembered[pod] = 0.0
         elif pod in goal:
-            weights[pod] = round(smooth(state.weights.get(pod), goal[pod], params), 4)
+            weights[pod] = remembered[pod] = round(
+                smooth(state.weights.get(pod), goal[pod], params), 4
+            )
         else:
-            weights[pod] = state.weights.get(pod) or 1.0
-    reason, message = _explain(weights, set(draining), set(warming), measured, params)
+            weights[pod] = remembered[pod] = state.weights.get(pod) or 1.0
+    warm = set(warming) - set(draining)
+    reason, message = _explain(weights, set(draining), warm, measured, params)
     budgets = token_budgets(weights, params)
-    return RoutingDecision(weights, reason, message, RoutingState(weights), goal, budgets)
+    return RoutingDecision(weights, reason, message, RoutingState(remembered), goal, budgets)
 
 
 def _explain(
@@ -198,13 +213,14 @@ def _explain(
     drained = sorted(draining & set(weights))
     if drained:
         return DRAINING, f"Draining {', '.join(drained)}: no new requests."
-    hot = sorted(p for p, w in weights.items() if 0.0 < w < params.hot_below)
+    hot = sorted(p for p, w in weights.items() if 0.0 < w < params.hot_below and p not in warming)
     if hot:
         shares = ", ".join(f"{p} at {weights[p]:.2f}" for p in hot)
         return HOT, f"Shifted new requests away from loaded replicas: {shares}."
     warm = sorted(warming & set(weights))
     if warm:
-        return WARMING, f"Held back {', '.join(warm)} until warmed up."
+        shares = ", ".join(f"{p} at {weights[p]:.2f}" for p in warm)
+        return WARMING, f"Ramping up replicas still warming up: {shares}."
     if not measured:
         return NO_SIGNALS, "No replica signals yet: every serving replica keeps its weight."
     return BALANCED, "Replicas are evenly loaded."

@@ -142,13 +142,13 @@ def test_fleet_counts_and_startup_time() -> None:
     assert [a.name for a in fleet.addresses(pods, 8000)] == ["a", "b"]
 
 
-def test_young_replicas_warm_up_only_while_an_older_one_serves() -> None:
+def test_young_replicas_ramp_up_only_while_an_older_one_serves() -> None:
     start = timestamps.parse("2026-01-01T00:01:00Z")
     assert start is not None
     old, young = pod("a", True, "2026-01-01T00:00:00Z"), pod("b", True, "2026-01-01T00:01:00Z")
-    assert warming([old, young], start + 5) == {"b"}
-    assert warming([young], start + 5) == set()
-    assert warming([old, young], start + 60) == set()
+    assert warming([old, young], start + 5) == {"b": 0.5}  # halfway through its warm-up
+    assert warming([young], start + 5) == {}
+    assert warming([old, young], start + 60) == {}
 
 
 def test_operator_metrics_render_and_forget() -> None:

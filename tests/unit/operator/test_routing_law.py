@@ -31,7 +31,7 @@ Tick = Callable[[int], Sequence[ReplicaSignals]]
 def trajectory(
     ticks: int,
     signals: Tick,
-    warming: Callable[[int], set[str]] = lambda _: set(),
+    warming: Callable[[int], dict[str, float]] = lambda _: {},
     draining: Callable[[int], set[str]] = lambda _: set(),
     pods: Sequence[str] = PODS,
 ) -> list[routing.RoutingDecision]:
@@ -69,17 +69,28 @@ def test_hot_replica_drops_within_one_tick_and_recovers_slowly() -> None:
     assert weights_of(run, "b") == [1.0] * 14
 
 
-def test_warming_and_draining_pods_get_zero() -> None:
+def test_warming_pods_ramp_up_and_draining_pods_get_zero() -> None:
     run = trajectory(
         6,
         lambda _: [idle(p) for p in PODS],
-        warming=lambda t: {"c"} if t < 3 else set(),
+        warming=lambda t: {"c": t / 3} if t < 3 else {},
         draining=lambda t: {"a"} if t >= 4 else set(),
     )
     c, a = weights_of(run, "c"), weights_of(run, "a")
-    assert c == [0.0, 0.0, 0.0, 1.0, 1.0, 1.0]  # joins at its full target once warm
+    assert c == [0.1, 0.4, 0.7, 1.0, 1.0, 1.0]  # a slow start, then its full target once warm
     assert a == [1.0, 1.0, 1.0, 1.0, 0.0, 0.0]
     assert run[0].reason == routing.WARMING and run[4].reason == routing.DRAINING
+    assert "c at 0.10" in run[0].message
+
+
+def test_a_warming_pod_takes_load_from_a_hot_peer_at_once() -> None:
+    """A new replica beside an overloaded one gets a share on its first tick, not after the
+    warm-up: holding it at 0 would keep every new request on the replica that is refusing."""
+    d = decide(("a", "b"), [hot("a"), idle("b")], {"b": 0.0}, (), RoutingState())
+    assert d.weights["b"] == 0.1 and d.weights["a"] < 0.2  # b takes a third of new work
+    assert d.state.weights["b"] == 0.0  # warm, it joins at its full target, unsmoothed
+    warm = decide(("a", "b"), [hot("a"), idle("b")], {}, (), d.state)
+    assert warm.weights["b"] == 1.0
 
 
 def test_pod_without_signals_keeps_serving() -> None:
@@ -128,11 +139,11 @@ signal_st = st.builds(
 @settings(max_examples=200, deadline=None)
 @given(
     history=st.lists(st.lists(signal_st, max_size=3), min_size=1, max_size=8),
-    warming=st.sets(st.sampled_from(PODS)),
+    warming=st.dictionaries(st.sampled_from(PODS), st.floats(0, 0.999)),
     draining=st.sets(st.sampled_from(PODS)),
 )
-def test_weights_are_bounded_and_zero_when_not_serving(
-    history: list[list[ReplicaSignals]], warming: set[str], draining: set[str]
+def test_weights_are_bounded_and_zero_only_when_draining(
+    history: list[list[ReplicaSignals]], warming: dict[str, float], draining: set[str]
 ) -> None:
     state = RoutingState()
     for signals in history:
@@ -140,8 +151,9 @@ def test_weights_are_bounded_and_zero_when_not_serving(
         state = d.state
         assert set(d.weights) == set(PODS)
         assert all(0.0 <= w <= 1.0 for w in d.weights.values())
-        assert all(d.weights[p] == 0.0 for p in warming | draining)
-        assert all(d.weights[p] > 0.0 for p in set(PODS) - warming - draining)
+        assert all(d.weights[p] == 0.0 for p in draining)
+        assert all(d.weights[p] > 0.0 for p in set(PODS) - draining)
+        assert all(d.weights[p] <= 0.1 + 0.9 * warming[p] + 1e-4 for p in set(warming) - draining)
 
 
 @settings(max_examples=100, deadline=None)

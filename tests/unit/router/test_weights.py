@@ -79,11 +79,11 @@ def test_the_router_reads_what_the_operator_publishes() -> None:
     """The wire contract: the routing law's publication parses into the same weights."""
     from kvscale.controllers import routing
 
-    decision = routing.decide(("p-0", "p-1"), [], ("p-1",), (), routing.RoutingState())
+    decision = routing.decide(("p-0", "p-1"), [], {"p-1": 0.5}, ("p-0",), routing.RoutingState())
     published = from_configmap({"weights.json": routing.publication(decision, 1e9)})
     assert published is not None
-    assert published.weights == {"p-0": 1.0, "p-1": 0.0}
-    assert published.reason == routing.WARMING and published.updated_at == "2001-09-09T01:46:40Z"
+    assert published.weights == {"p-0": 0.0, "p-1": 0.55}
+    assert published.reason == routing.DRAINING and published.updated_at == "2001-09-09T01:46:40Z"
 
 
 def test_operator_and_router_agree_on_the_key_and_the_port() -> None:
@@ -99,11 +99,11 @@ def test_operator_and_router_agree_on_the_key_and_the_port() -> None:
 
 def test_the_router_reads_the_token_budgets_the_operator_publishes() -> None:
     """A replica's budget is its weight x its capacity at the SLO x the TTFT target: 500
-    tokens/s within 2 s is 1000 outstanding tokens; a warming replica gets none."""
+    tokens/s within 2 s is 1000 outstanding tokens; a replica starting its warm-up a tenth."""
     from kvscale.controllers import routing
 
     params = routing.RoutingParams(ttft_slo_s=2.0, replica_tokens_per_s=500.0)
-    decision = routing.decide(("p-0", "p-1"), [], ("p-1",), (), routing.RoutingState(), params)
+    decision = routing.decide(("p-0", "p-1"), [], {"p-1": 0.0}, (), routing.RoutingState(), params)
     published = from_configmap({"weights.json": routing.publication(decision, 1e9)})
     assert published is not None
-    assert published.token_budgets == {"p-0": 1000.0, "p-1": 0.0}
+    assert published.token_budgets == {"p-0": 1000.0, "p-1": 100.0}
