@@ -39,13 +39,14 @@ def test_default_engine_image_is_tagged_with_the_version() -> None:
 
 
 def test_manifests_set_every_image_of_this_version_in_one_place() -> None:
-    """kustomization.yaml's `images:` names the operator's image and its default engine and vLLM
-    images (env values its image transformer rewrites, kustomizeconfig.yaml)."""
+    """kustomization.yaml's `images:` names the operator's image and its default engine, router
+    and vLLM images (env values its image transformer rewrites, kustomizeconfig.yaml)."""
     base = yaml.safe_load((ROOT / "manifests" / "base" / "kustomization.yaml").read_text())
     defaults = DefaultImages()
     assert base["images"] == [
         {"name": "kvscale/operator", "newTag": pyproject_version()},
         {"name": "kvscale/engine", "newTag": pyproject_version()},
+        {"name": "kvscale/router", "newTag": pyproject_version()},
         {"name": "vllm/vllm-openai", "newTag": defaults.vllm.split(":")[1]},
     ]
     config = yaml.safe_load((ROOT / "manifests" / "base" / "kustomizeconfig.yaml").read_text())
@@ -57,13 +58,14 @@ def test_manifests_set_every_image_of_this_version_in_one_place() -> None:
     untagged = {e["name"]: e["value"] for e in env}
     assert DefaultImages.from_env(untagged).engine == "kvscale/engine"  # tagged by `images:`
     assert DefaultImages.from_env(untagged).vllm == "vllm/vllm-openai"
+    assert DefaultImages.from_env(untagged).router == "kvscale/router"
 
 
 def test_make_image_tags_from_pyproject() -> None:
     """build-image.sh reads the version from pyproject.toml and hard-codes none."""
     script = (ROOT / "engine-image" / "build-image.sh").read_text()
     assert "pyproject.toml" in script and "TAG=${TAG:-$VERSION}" in script
-    assert not re.search(r"kvscale/(engine|operator):[0-9]", script)
+    assert not re.search(r"kvscale/(engine|router|operator):[0-9]", script)
 
 
 def dry_run(**env: str) -> list[list[str]]:
