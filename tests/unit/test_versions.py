@@ -91,7 +91,11 @@ def test_make_image_builds_every_image_with_oci_labels() -> None:
     ).stdout.strip()
     cmds = dry_run(SOURCE="https://example.com/kvscale", REGISTRY="reg.example.com/t", TAG="7")
     built = dict(reversed(labels_and_tag(c)) for c in cmds)
-    assert set(built) == {"reg.example.com/t/engine:7", "reg.example.com/t/operator:7"}
+    assert set(built) == {
+        "reg.example.com/t/engine:7",
+        "reg.example.com/t/router:7",
+        "reg.example.com/t/operator:7",
+    }
     for labels in built.values():
         assert labels["org.opencontainers.image.source"] == "https://example.com/kvscale"
         assert labels["org.opencontainers.image.version"] == pyproject_version()
@@ -99,8 +103,10 @@ def test_make_image_builds_every_image_with_oci_labels() -> None:
 
 
 def test_make_image_defaults_to_the_operators_default_images() -> None:
-    """Unset, REGISTRY and TAG name what the operator runs by default (the CUDA engine: -cuda)."""
+    """Unset, REGISTRY and TAG name what the operator runs by default (the CUDA engine: -cuda;
+    the router has no variant)."""
+    defaults = DefaultImages()
     tags = {labels_and_tag(c)[1] for c in dry_run(REGISTRY="", TAG="", VARIANT="cpu")}
-    assert tags == {DefaultImages().engine, f"kvscale/operator:{pyproject_version()}"}
+    assert tags == {defaults.engine, defaults.router, f"kvscale/operator:{pyproject_version()}"}
     cuda = {labels_and_tag(c)[1] for c in dry_run(REGISTRY="", TAG="", VARIANT="cuda")}
-    assert f"{DefaultImages().engine}-cuda" in cuda
+    assert {f"{defaults.engine}-cuda", defaults.router} <= cuda
