@@ -180,6 +180,7 @@ def main() -> int:
         and result["chat_stream_through_router"]["ends_with_done"]
         and result["drain"]["ready_status_after"] == 503
         and result["docker_stop"]["engine"]["exit_code"] == 0
+        and result["docker_stop"]["router"]["exit_code"] == 0
     )
     print(json.dumps(result, indent=2))
     return 0 if ok else 1
