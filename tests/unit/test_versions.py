@@ -110,3 +110,9 @@ def test_make_image_defaults_to_the_operators_default_images() -> None:
     assert tags == {defaults.engine, defaults.router, f"kvscale/operator:{pyproject_version()}"}
     cuda = {labels_and_tag(c)[1] for c in dry_run(REGISTRY="", TAG="", VARIANT="cuda")}
     assert {f"{defaults.engine}-cuda", defaults.router} <= cuda
+
+
+def test_make_image_builds_only_the_images_named() -> None:
+    """IMAGES picks images: the router alone, say, for a node that runs no engine."""
+    tags = [labels_and_tag(c)[1] for c in dry_run(REGISTRY="", TAG="", IMAGES="router")]
+    assert tags == [DefaultImages().router]
