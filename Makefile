@@ -136,7 +136,7 @@ bench: venv vllm  # engine_vs_vllm serves vLLM from its venv
 profile: venv
 	$(BIN)/python -m bench profile
 
-# every image of kvscale (engine + router, operator), named <REGISTRY>/<name>:<TAG> (TAG: the
+# every image of kvscale (engine, router, operator), named <REGISTRY>/<name>:<TAG> (TAG: the
 # version), with OCI labels; set the same names in manifests/base/kustomization.yaml's `images:`
 REGISTRY ?= kvscale
 TAG ?=

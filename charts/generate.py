@@ -282,9 +282,10 @@ def value_sections() -> list[tuple[str, dict[str, Any]]]:
             {"createNamespace": False},
         ),
         (
-            "Every image kvscale runs: the operator's and the defaults it gives endpoints that\n"
-            "pin no spec.engine.image. images.registry goes in front of each repository (e.g.\n"
-            "registry.example.com/team) unless the image sets its own registry.",
+            "Every image kvscale runs: the operator's, the defaults it gives endpoints that pin\n"
+            "no spec.engine.image, and the routers' (every endpoint's). images.registry goes in\n"
+            "front of each repository (e.g. registry.example.com/team) unless the image sets its\n"
+            "own registry.",
             {"images": image_values},
         ),
         (

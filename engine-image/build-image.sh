@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Builds every image of kvscale: the engine image (<registry>/engine, which also runs the routers:
-# the `kvscale-router` command) and the operator image (<registry>/operator), where no container
-# registry can be reached.
+# Builds every image of kvscale: the engine image (<registry>/engine), the router image
+# (<registry>/router: the router alone, without torch, which the router pods run) and the operator
+# image (<registry>/operator), where no container registry can be reached.
 #
 # The base image is a Debian root file system made by debootstrap and turned into an image by
 # `docker import`, so nothing is pulled from a registry. Python packages come from PyPI through
@@ -11,12 +11,14 @@
 #
 # REGISTRY (default kvscale) and TAG (default: pyproject.toml's version, the tag the operator's
 # default images name) set every image's name: <registry>/engine:<tag> (the CUDA variant:
-# <tag>-cuda) and <registry>/operator:<tag>; manifests/base/kustomization.yaml's `images:` is where
-# an install names them. Each image carries the OCI labels org.opencontainers.image.source (SOURCE,
+# <tag>-cuda), <registry>/router:<tag> and <registry>/operator:<tag> (no torch in those two, so
+# VARIANT leaves them alone); manifests/base/kustomization.yaml's `images:` is where an install
+# names them. Each image carries the OCI labels org.opencontainers.image.source (SOURCE,
 # default: the git remote `origin`), .version (the package's) and .revision (the git commit).
 # Environment: REGISTRY, TAG, VARIANT=cpu|cuda (default cpu), SOURCE, BASE_IMAGE (default: the
 # debootstrap image below), DEBIAN_MIRROR, CA_BUNDLE, IMAGES (which to build, default
-# "engine operator"; the real node's tier builds only the operator: e2e/real-node/build-images.sh).
+# "engine router operator"; the real node's tier builds only the operator:
+# e2e/real-node/build-images.sh).
 # `--dry-run` prints the build commands without building; `--base-only` builds only the base.
 set -euo pipefail
 
@@ -28,6 +30,7 @@ REGISTRY=${REGISTRY:-kvscale}
 TAG=${TAG:-$VERSION}
 if [[ "$VARIANT" == cpu ]]; then ENGINE_TAG=$TAG; else ENGINE_TAG=$TAG-$VARIANT; fi
 IMAGE=$REGISTRY/engine:$ENGINE_TAG
+ROUTER_IMAGE=$REGISTRY/router:$TAG
 OPERATOR_IMAGE=$REGISTRY/operator:$TAG
 SOURCE=${SOURCE:-$(git remote get-url origin 2>/dev/null || true)}
 REVISION=$(git rev-parse HEAD 2>/dev/null || echo unknown)
@@ -89,11 +92,12 @@ main() {
         [[ "${1:-}" == "--base-only" ]] && return 0
         ctx=$(stage_context)
     fi
-    for name in ${IMAGES:-engine operator}; do
+    for name in ${IMAGES:-engine router operator}; do
         case "$name" in
             engine) build "$IMAGE" engine-image/Dockerfile "$ctx" --build-arg VARIANT="$VARIANT" ;;
+            router) build "$ROUTER_IMAGE" engine-image/router.Dockerfile "$ctx" ;;
             operator) build "$OPERATOR_IMAGE" operator/Dockerfile "$ctx" ;;
-            *) log "IMAGES names engine and operator, not $name"; return 1 ;;
+            *) log "IMAGES names engine, router and operator, not $name"; return 1 ;;
         esac
     done
 }

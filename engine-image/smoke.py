@@ -1,9 +1,10 @@
-"""Smoke-runs the built engine image as the operator's pods run it: an engine and a router.
+"""Smoke-runs the built engine and router images as the operator's pods run them.
 
-`PYTHONPATH=e2e python engine-image/smoke.py [--image kvscale/engine:<version>]` (after
-`make image`, with the Docker engine running; e2e/ holds kvscale_cluster, for free_port) starts
-one engine container on a tiny checkpoint and one router container of the same image
-(`--entrypoint kvscale-router`) in front of it, both on the host's loopback;
+`PYTHONPATH=e2e python engine-image/smoke.py [--image kvscale/engine:<version>]
+[--router-image kvscale/router:<version>]` (after `make image`, with the Docker engine running;
+e2e/ holds kvscale_cluster, for free_port) checks that the router image holds no torch, runs as
+uid 10001 and answers `--help`; starts one engine container on a tiny checkpoint and one router
+container (the router image's own entry point) in front of it, both on the host's loopback;
 sends a completion to the engine, a completion and a streamed chat through the router, reads
 both `/metrics`, drains the engine through its admin port, stops both with `docker stop`, and
 writes what it saw to bench/results/engine_image_smoke.json. Exits non-zero when a step fails.
@@ -64,21 +65,38 @@ def stop(name: str) -> dict[str, Any]:
     return {"exit_code": code, "seconds": seconds, "log_tail": logs[-4:]}
 
 
-def smoke(image: str, work: Path) -> dict[str, Any]:
-    model = write_tiny_checkpoint(work / "tiny", arch="llama", seed=0)
-    for path in [work, *work.rglob("*")]:  # the image runs as uid 10001
-        path.chmod(0o755 if path.is_dir() else 0o644)
-    engine_port, admin_port, router_port = free_port(), free_port(), free_port()
-    engine, router = f"kvscale-smoke-engine-{os.getpid()}", f"kvscale-smoke-router-{os.getpid()}"
-    out: dict[str, Any] = {"image": image}
+def described(image: str) -> dict[str, Any]:
     inspect = json.loads(docker("image", "inspect", image).stdout)[0]
-    out |= {
+    return {
+        "image": image,
         "image_id": inspect["Id"],
         "image_created": inspect["Created"],
         "size_bytes": inspect["Size"],
         "user": inspect["Config"]["User"],
         "entrypoint": inspect["Config"]["Entrypoint"],
     }
+
+
+def router_image_checks(image: str) -> dict[str, Any]:
+    """The router image alone: its size and user, `--help`, and no torch in its venv."""
+    out = described(image)
+    helped = docker("run", "--rm", image, "--help", check=False)
+    out["help_exit_code"] = helped.returncode
+    out["help_usage"] = helped.stdout.splitlines()[:1]
+    out["uid"] = docker("run", "--rm", "--entrypoint", "id", image, "-u").stdout.strip()
+    probe = "import importlib.util as u; print(u.find_spec('torch') is not None)"
+    found = docker("run", "--rm", "--entrypoint", "python3", image, "-c", probe).stdout.strip()
+    out["has_torch"] = found == "True"
+    return out
+
+
+def smoke(image: str, router_image: str, work: Path) -> dict[str, Any]:
+    model = write_tiny_checkpoint(work / "tiny", arch="llama", seed=0)
+    for path in [work, *work.rglob("*")]:  # the image runs as uid 10001
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    engine_port, admin_port, router_port = free_port(), free_port(), free_port()
+    engine, router = f"kvscale-smoke-engine-{os.getpid()}", f"kvscale-smoke-router-{os.getpid()}"
+    out = described(image) | {"router_image": router_image_checks(router_image)}
     try:
         docker("run", "-d", "--name", engine, "--network", "host",
                "-v", f"{model}:/models/tiny:ro", image, "serve", "--model", "/models/tiny",
@@ -87,8 +105,8 @@ def smoke(image: str, work: Path) -> dict[str, Any]:
                "--num-kv-blocks", "128")  # fmt: skip
         engine_url = f"http://127.0.0.1:{engine_port}"
         out["engine_ready_s"] = wait_ready(engine_url, engine)
-        docker("run", "-d", "--name", router, "--network", "host", "--entrypoint",
-               "kvscale-router", image, "--host", "127.0.0.1", "--port", str(router_port),
+        docker("run", "-d", "--name", router, "--network", "host", router_image,
+               "--host", "127.0.0.1", "--port", str(router_port),
                "--replicas", f"e0={engine_url}", "--log-level", "warning")  # fmt: skip
         router_url = f"http://127.0.0.1:{router_port}"
         out["router_ready_s"] = wait_ready(router_url, router)
@@ -138,10 +156,11 @@ def main() -> int:
     )
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--image", default=f"kvscale/engine:{version}")
+    parser.add_argument("--router-image", default=f"kvscale/router:{version}")
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        result = smoke(args.image, Path(tmp))
+        result = smoke(args.image, args.router_image, Path(tmp))
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True, cwd=ROOT, check=False).stdout.strip()  # fmt: skip
     result = {
@@ -151,12 +170,17 @@ def main() -> int:
         **result,
     }
     args.out.write_text(json.dumps(result, indent=2) + "\n")
+    routing = result["router_image"]
     ok = (
-        result["completion"]["router_status"] == 200
+        routing["help_exit_code"] == 0
+        and routing["uid"] == "10001"
+        and not routing["has_torch"]
+        and result["completion"]["router_status"] == 200
         and result["completion"]["same_text"]
         and result["chat_stream_through_router"]["ends_with_done"]
         and result["drain"]["ready_status_after"] == 503
         and result["docker_stop"]["engine"]["exit_code"] == 0
+        and result["docker_stop"]["router"]["exit_code"] == 0
     )
     print(json.dumps(result, indent=2))
     return 0 if ok else 1

@@ -142,7 +142,7 @@ def test_vllm_endpoint_becomes_available_and_serves_the_openai_client(
     assert container["image"] == "vllm/vllm-openai:v0.32.0"
     router = api.get("apps/v1", "Deployment", endpoint.namespace, f"{NAME}-router") or {}
     routing = router["spec"]["template"]["spec"]["containers"][0]
-    assert routing["image"].startswith("kvscale/engine:") and routing["command"] == [
+    assert routing["image"].startswith("kvscale/router:") and routing["command"] == [
         "kvscale-router"
     ]
     print(f"vLLM endpoint Available {endpoint.started_s:.0f} s after apply; "

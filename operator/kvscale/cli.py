@@ -10,11 +10,16 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from kvscale import __version__
+
+if TYPE_CHECKING:
+    from kvscale.api.images import DefaultImages
 
 
 @dataclass(frozen=True)
@@ -48,17 +53,25 @@ def configure_logging(args: argparse.Namespace) -> None:
     kopf.configure(verbose=args.verbose, log_format=kopf.LogFormat[args.log_format.upper()])
 
 
+def default_images(args: argparse.Namespace, env: Mapping[str, str] = os.environ) -> DefaultImages:
+    """The operator's default images: its flags, else the environment's, else this version's."""
+    from kvscale.api.images import DefaultImages
+
+    fallback = DefaultImages.from_env(env)
+    return DefaultImages(
+        args.default_engine_image or fallback.engine,
+        args.default_vllm_image or fallback.vllm,
+        args.default_router_image or fallback.router,
+    )
+
+
 def _operator(args: argparse.Namespace) -> int:
     import kopf
 
     import kvscale.handlers  # noqa: F401  (registers the handlers)
-    from kvscale.api.images import DefaultImages
 
     configure_logging(args)
-    env = DefaultImages.from_env()
-    images = DefaultImages(
-        args.default_engine_image or env.engine, args.default_vllm_image or env.vllm
-    )
+    images = default_images(args)
     kopf.run(
         standalone=True,
         clusterwide=not args.namespace,
@@ -88,13 +101,18 @@ def parser() -> argparse.ArgumentParser:
     )
     op.add_argument(
         "--default-engine-image",
-        help="image of kind-kvscale engines and of every router, for endpoints that pin none "
+        help="image of kind-kvscale engines that pin none "
         "(default: $KVSCALE_DEFAULT_ENGINE_IMAGE, else this version's kvscale/engine)",
     )
     op.add_argument(
         "--default-vllm-image",
         help="image of kind-vllm engines that pin none (default: $KVSCALE_DEFAULT_VLLM_IMAGE, "
         "else the vLLM release this version was tested with)",
+    )
+    op.add_argument(
+        "--default-router-image",
+        help="image of every endpoint's routers, whatever its engine's image "
+        "(default: $KVSCALE_DEFAULT_ROUTER_IMAGE, else this version's kvscale/router)",
     )
     op.add_argument("--verbose", action="store_true")
     op.add_argument(

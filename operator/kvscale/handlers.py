@@ -50,7 +50,8 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     # `kvscale operator` puts its flags' images in the memo; `kopf run` takes the environment's
     images: DefaultImages = memo.get("images") or DefaultImages.from_env()
     logging.getLogger("kvscale").info(
-        f"Defaulted unpinned endpoints to {images.engine} (kvscale) and {images.vllm} (vllm)"
+        f"Defaulted unpinned endpoints to {images.engine} (kvscale) and {images.vllm} (vllm), "
+        f"and every router to {images.router}"
     )
     memo.workers = Workers(Context(kube, memo.sources, metrics, images=images))
 

@@ -128,12 +128,17 @@ def test_crds_are_the_crd_kustomization(cluster: Any, helm: Path) -> None:
 def test_values_set_images_resources_and_admission(helm: Path) -> None:
     objects = template(
         helm, "ops", "images.registry=registry.example.com/team", "images.operator.tag=9.9.9",
-        "operator.resources.limits.memory=1Gi",
+        "images.router.tag=1.2.3", "operator.resources.limits.memory=1Gi",
         "admission.allowedHostPathPrefixes=/models",
     )  # fmt: skip
     deployment = objects[("apps/v1", "Deployment", "ops", "kvscale-operator")]
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     assert container["image"] == "registry.example.com/team/kvscale/operator:9.9.9"
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["KVSCALE_DEFAULT_ROUTER_IMAGE"] == "registry.example.com/team/kvscale/router:1.2.3"
+    assert env["KVSCALE_DEFAULT_ENGINE_IMAGE"].startswith(
+        "registry.example.com/team/kvscale/engine:"
+    )
     assert container["resources"]["limits"] == {"cpu": "1", "memory": "1Gi"}
     config = objects[("v1", "ConfigMap", "ops", "kvscale-admission")]
     assert config["data"]["allowedHostPathPrefixes"] == "/models"

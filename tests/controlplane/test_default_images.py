@@ -1,5 +1,6 @@
-"""The operator's default image: a restarted operator with a new default rolls the endpoints that
-pin no image through their Deployments' rolling updates, and leaves the pinned ones alone."""
+"""The operator's default images: a restarted operator with new defaults rolls the endpoints that
+pin no image through their Deployments' rolling updates, and leaves the pinned ones' engines
+alone; every endpoint's routers follow the default router image, pinned or not."""
 
 from __future__ import annotations
 
@@ -8,12 +9,14 @@ from typing import Any
 import pytest
 from endpoint_helpers import TEST_IMAGE, deployment, endpoint, get_endpoint, wait_available
 
-from kvscale.api.images import ENGINE_ENV
+from kvscale.api.images import ENGINE_ENV, ROUTER_ENV
 from kvscale.kube import Kube
 from kvscale_cluster.fixtures import Cluster, run_operator, wait_for
 
 OLD = "kvscale/testserver:v1"  # the test server stands in for the engine, whatever the tag
 NEW = "registry.example.com/kvscale/testserver:v2"
+OLD_ROUTER = "kvscale/router:v1"  # any tag runs the router
+NEW_ROUTER = "registry.example.com/kvscale/router:v2"
 ENGINE = {"maxNumSeqs": 8, "maxNumBatchedTokens": 256}
 
 
@@ -30,16 +33,17 @@ def test_a_new_default_rolls_unpinned_endpoints_and_not_pinned_ones(
     api: Kube, cluster: Cluster, namespace: str, crd: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(ENGINE_ENV, OLD)
+    monkeypatch.setenv(ROUTER_ENV, OLD_ROUTER)
     with run_operator(cluster) as runner:
         api.create(endpoint(namespace, "follow", engine=ENGINE))
         api.create(endpoint(namespace, "pinned", engine={**ENGINE, "image": TEST_IMAGE}))
         follow = wait_available(api, namespace, ready=1, name="follow")
         pinned = wait_available(api, namespace, ready=1, name="pinned")
     assert runner.exception is None, runner.output
-    assert follow["status"]["images"] == {"engine": OLD, "router": OLD, "pinned": False}
+    assert follow["status"]["images"] == {"engine": OLD, "router": OLD_ROUTER, "pinned": False}
     assert pinned["status"]["images"] == {
         "engine": TEST_IMAGE,
-        "router": TEST_IMAGE,
+        "router": OLD_ROUTER,
         "pinned": True,
     }
     pinned_generation = deployment(api, namespace, "pinned")["metadata"]["generation"]  # type: ignore[index]
@@ -49,14 +53,16 @@ def test_a_new_default_rolls_unpinned_endpoints_and_not_pinned_ones(
     }
 
     monkeypatch.setenv(ENGINE_ENV, NEW)
+    monkeypatch.setenv(ROUTER_ENV, NEW_ROUTER)
     with run_operator(cluster) as runner:
         wait_for(
             lambda: (
                 images(deployment(api, namespace, "follow")) == NEW
-                and images(router(api, namespace, "follow")) == NEW
+                and images(router(api, namespace, "follow")) == NEW_ROUTER
+                and images(router(api, namespace, "pinned")) == NEW_ROUTER
             ),
             timeout=60,
-            what="follow's engine and router Deployments on the new default image",
+            what="follow's engine and both endpoints' routers on the new default images",
         )
         # the rolling update replaced the replica, readiness-gated (maxUnavailable 0)
         wait_for(
@@ -79,9 +85,9 @@ def test_a_new_default_rolls_unpinned_endpoints_and_not_pinned_ones(
             what="follow's old replica replaced",
         )
     assert runner.exception is None, runner.output
-    assert rolled["status"]["images"] == {"engine": NEW, "router": NEW, "pinned": False}
-    still = deployment(api, namespace, "pinned")
-    assert images(still) == TEST_IMAGE and images(router(api, namespace, "pinned")) == TEST_IMAGE
+    assert rolled["status"]["images"] == {"engine": NEW, "router": NEW_ROUTER, "pinned": False}
+    still = deployment(api, namespace, "pinned")  # the pinned engine was not rolled
+    assert images(still) == TEST_IMAGE
     assert still is not None and still["metadata"]["generation"] == pinned_generation
     strategy = deployment(api, namespace, "follow")["spec"]["strategy"]  # type: ignore[index]
     assert strategy["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}

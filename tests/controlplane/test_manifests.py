@@ -18,6 +18,7 @@ from kopf.testing import KopfRunner
 from kubernetes.config import kube_config
 
 from kvscale import __version__
+from kvscale.api.images import DefaultImages
 from kvscale.children.engine import ENDPOINT_LABEL, ROLE_LABEL, labels
 from kvscale.kube import Kube
 from kvscale_cluster.fixtures import kubectl
@@ -97,6 +98,10 @@ def test_manifests_render_every_part(cluster: Any) -> None:
     operator = one(rendered(cluster), "Deployment")
     container = operator["spec"]["template"]["spec"]["containers"][0]
     assert container["image"] == f"kvscale/operator:{__version__}"
+    # `images:` tags the operator's defaults too: this version's engine, router and vLLM images
+    env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+    assert DefaultImages.from_env(env) == DefaultImages()
+    assert env["KVSCALE_DEFAULT_ROUTER_IMAGE"] == f"kvscale/router:{__version__}"
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert operator["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"] is True

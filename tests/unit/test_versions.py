@@ -39,13 +39,14 @@ def test_default_engine_image_is_tagged_with_the_version() -> None:
 
 
 def test_manifests_set_every_image_of_this_version_in_one_place() -> None:
-    """kustomization.yaml's `images:` names the operator's image and its default engine and vLLM
-    images (env values its image transformer rewrites, kustomizeconfig.yaml)."""
+    """kustomization.yaml's `images:` names the operator's image and its default engine, router
+    and vLLM images (env values its image transformer rewrites, kustomizeconfig.yaml)."""
     base = yaml.safe_load((ROOT / "manifests" / "base" / "kustomization.yaml").read_text())
     defaults = DefaultImages()
     assert base["images"] == [
         {"name": "kvscale/operator", "newTag": pyproject_version()},
         {"name": "kvscale/engine", "newTag": pyproject_version()},
+        {"name": "kvscale/router", "newTag": pyproject_version()},
         {"name": "vllm/vllm-openai", "newTag": defaults.vllm.split(":")[1]},
     ]
     config = yaml.safe_load((ROOT / "manifests" / "base" / "kustomizeconfig.yaml").read_text())
@@ -57,13 +58,14 @@ def test_manifests_set_every_image_of_this_version_in_one_place() -> None:
     untagged = {e["name"]: e["value"] for e in env}
     assert DefaultImages.from_env(untagged).engine == "kvscale/engine"  # tagged by `images:`
     assert DefaultImages.from_env(untagged).vllm == "vllm/vllm-openai"
+    assert DefaultImages.from_env(untagged).router == "kvscale/router"
 
 
 def test_make_image_tags_from_pyproject() -> None:
     """build-image.sh reads the version from pyproject.toml and hard-codes none."""
     script = (ROOT / "engine-image" / "build-image.sh").read_text()
     assert "pyproject.toml" in script and "TAG=${TAG:-$VERSION}" in script
-    assert not re.search(r"kvscale/(engine|operator):[0-9]", script)
+    assert not re.search(r"kvscale/(engine|router|operator):[0-9]", script)
 
 
 def dry_run(**env: str) -> list[list[str]]:
@@ -89,7 +91,11 @@ def test_make_image_builds_every_image_with_oci_labels() -> None:
     ).stdout.strip()
     cmds = dry_run(SOURCE="https://example.com/kvscale", REGISTRY="reg.example.com/t", TAG="7")
     built = dict(reversed(labels_and_tag(c)) for c in cmds)
-    assert set(built) == {"reg.example.com/t/engine:7", "reg.example.com/t/operator:7"}
+    assert set(built) == {
+        "reg.example.com/t/engine:7",
+        "reg.example.com/t/router:7",
+        "reg.example.com/t/operator:7",
+    }
     for labels in built.values():
         assert labels["org.opencontainers.image.source"] == "https://example.com/kvscale"
         assert labels["org.opencontainers.image.version"] == pyproject_version()
@@ -97,8 +103,16 @@ def test_make_image_builds_every_image_with_oci_labels() -> None:
 
 
 def test_make_image_defaults_to_the_operators_default_images() -> None:
-    """Unset, REGISTRY and TAG name what the operator runs by default (the CUDA engine: -cuda)."""
+    """Unset, REGISTRY and TAG name what the operator runs by default (the CUDA engine: -cuda;
+    the router has no variant)."""
+    defaults = DefaultImages()
     tags = {labels_and_tag(c)[1] for c in dry_run(REGISTRY="", TAG="", VARIANT="cpu")}
-    assert tags == {DefaultImages().engine, f"kvscale/operator:{pyproject_version()}"}
+    assert tags == {defaults.engine, defaults.router, f"kvscale/operator:{pyproject_version()}"}
     cuda = {labels_and_tag(c)[1] for c in dry_run(REGISTRY="", TAG="", VARIANT="cuda")}
-    assert f"{DefaultImages().engine}-cuda" in cuda
+    assert {f"{defaults.engine}-cuda", defaults.router} <= cuda
+
+
+def test_make_image_builds_only_the_images_named() -> None:
+    """IMAGES picks images: the router alone, say, for a node that runs no engine."""
+    tags = [labels_and_tag(c)[1] for c in dry_run(REGISTRY="", TAG="", IMAGES="router")]
+    assert tags == [DefaultImages().router]

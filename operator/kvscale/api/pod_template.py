@@ -432,8 +432,8 @@ def _under(path: str, roots: tuple[str, ...]) -> bool:
 DESCRIPTION = (
     "Changes to the engine pods for a real cluster, merged into the Deployment the operator "
     "renders (maps by key, lists keyed by name, the operator's own entries kept); "
-    "imagePullSecrets go to the router pods too (they run the engine image). Ports, probes, the "
-    "command and the managed flags cannot be set."
+    "imagePullSecrets go to the router pods too (they pull the operator's router image). Ports, "
+    "probes, the command and the managed flags cannot be set."
 )
 
 
@@ -493,7 +493,7 @@ class PodTemplate(Model):
         list[LocalObjectReference],
         Field(
             max_length=8,
-            description="Secrets to pull the engine image with (engine and router pods).",
+            description="Secrets to pull the images with (engine and router pods).",
             json_schema_extra={
                 "x-kubernetes-list-type": "map",
                 "x-kubernetes-list-map-keys": ["name"],

@@ -239,7 +239,8 @@ class ImagesStatus(_Status):
         bool | None,
         _says(
             "Whether spec.engine.image pins the engine image; false: the endpoint follows the "
-            "operator's default, and a new default rolls it."
+            "operator's default, and a new default rolls it. The routers follow the operator's "
+            "default router image either way."
         ),
     ] = None
 

@@ -230,7 +230,8 @@ class EngineSpec(Model):
                     "Engine image, pinned; unset, the endpoint follows the operator's default "
                     "for its kind (an operator upgrade or a changed default rolls it) "
                     f"(this version's defaults: {ENGINE_IMAGE} for kind kvscale, "
-                    f"{VLLM_IMAGE} for kind vllm)."
+                    f"{VLLM_IMAGE} for kind vllm). The routers run the operator's default "
+                    "router image either way."
                 ),
                 json_schema_extra=validations(rules.matches_rule(rules.IMAGE, rules.IMAGE_MESSAGE)),
             ),

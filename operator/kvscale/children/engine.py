@@ -150,7 +150,7 @@ def _model_volume(spec: api.LLMEndpointSpec) -> tuple[list[JSON], list[JSON]]:
 
 
 def kvscale_image(spec: api.LLMEndpointSpec, images: DefaultImages) -> str:
-    """An image of kvscale's own (engine, router, fetch): the engine's for a kvscale engine,
+    """An image of kvscale's own (engine, fetch): the engine's for a kvscale engine,
     else the operator's default engine image."""
     return spec.engine.container_image(images) if spec.engine.kind == "kvscale" else images.engine
 

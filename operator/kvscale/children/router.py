@@ -18,7 +18,6 @@ from kvscale.children.engine import (
     JSON,
     Owner,
     http_service,
-    kvscale_image,
     labels,
     metadata,
     probe,
@@ -52,10 +51,10 @@ def router_replicas(spec: api.LLMEndpointSpec) -> int:
     return 2 if max(most, spec.scaling.max_replicas) >= 2 else 1
 
 
-def router_image(spec: api.LLMEndpointSpec, images: DefaultImages) -> str:
-    """The image the router runs from: kvscale's engine image holds the router too (another
-    command), so the engine's own image for a kvscale engine, else the operator's default one."""
-    return kvscale_image(spec, images)
+def router_image(images: DefaultImages) -> str:
+    """The operator's default router image, for every endpoint: a pinned engine image or a vLLM
+    engine does not decide which router fronts it (they meet over HTTP and /metrics)."""
+    return images.router
 
 
 def router_args(owner: Owner, spec: api.LLMEndpointSpec) -> list[str]:
@@ -112,7 +111,7 @@ def role_binding(owner: Owner) -> JSON:
 def _container(owner: Owner, spec: api.LLMEndpointSpec, images: DefaultImages) -> JSON:
     return {
         "name": ROLE,
-        "image": router_image(spec, images),
+        "image": router_image(images),
         "command": [ROUTER_COMMAND],
         "args": router_args(owner, spec),
         "ports": [{"name": "http", "containerPort": ROUTER_PORT, "protocol": "TCP"}],

@@ -85,12 +85,15 @@ def test_service_sends_the_endpoint_port_to_the_routers() -> None:
     assert service["spec"]["selector"] != engine_selector  # clients reach routers, not engines
 
 
-def test_router_runs_the_engine_image_with_its_own_command() -> None:
+def test_router_runs_the_router_image_whatever_the_engine_runs() -> None:
     dep = router.router_deployment(OWNER, spec(engine={"image": "kvscale/engine:0.2"}))
     pod = dep["spec"]["template"]["spec"]
     c = pod["containers"][0]
-    assert c["image"] == "kvscale/engine:0.2" and c["command"] == ["kvscale-router"]
+    # this version's router image (`make image` builds it), not the pinned engine image
+    assert c["image"] == f"kvscale/router:{__version__}" and c["command"] == ["kvscale-router"]
     assert images.container_argv(c)[0].endswith("kvscale-router")  # runs on the local cluster
+    without_command = {k: v for k, v in c.items() if k != "command"}  # the image's entry point
+    assert images.container_argv(without_command)[0].endswith("kvscale-router")
     args = c["args"]
     assert args[args.index("--endpoint") + 1] == "chat"
     assert args[args.index("--namespace") + 1] == "team-a"
@@ -103,10 +106,8 @@ def test_router_runs_the_engine_image_with_its_own_command() -> None:
         OWNER, spec(engine={"image": "vllm/vllm-openai:v0.6", "kind": "vllm"})
     )
     routed = vllm["spec"]["template"]["spec"]["containers"][0]
-    # vLLM's image has no router: the operator's default engine image (by default this version's,
-    # which `make image` builds) runs it, with the router's command
-    assert routed["image"] == f"kvscale/engine:{__version__}"
-    assert routed["command"] == ["kvscale-router"]
+    # a vLLM endpoint gets the same router
+    assert (routed["image"], routed["command"]) == (c["image"], c["command"])
 
 
 def test_two_routers_once_the_endpoint_may_have_two_replicas() -> None:
