@@ -8,10 +8,11 @@
 #                  module, compiled static (containerd's sandbox_image)
 #     busybox.tar  kvscale.local/busybox:1.35.0: Debian's busybox-static with every applet linked
 #                  in /bin, for the tier's test pods (sh, id, httpd, wget, nslookup...)
-#   .../real-node-images/operator-<hash>/operator.tar: kvscale/operator:<version>, built by
-#     engine-image/build-image.sh (IMAGES=operator) from the files of the source tree that go
-#     into the image (pyproject.toml, README.md, operator/, engine-image/), which the hash covers
-#     with the build scripts: a change to any of them rebuilds it, nothing else does.
+#   .../real-node-images/kvscale-<hash>/{operator,router}.tar: kvscale/operator:<version> and
+#     kvscale/router:<version>, built by engine-image/build-image.sh (IMAGES="operator router")
+#     from the files of the source tree that go into them (pyproject.toml, README.md, operator/,
+#     engine-image/), which the hash covers with the build scripts: a change to any of them
+#     rebuilds them, nothing else does.
 # One build at a time (a lock): CI starts it beside the first tiers, `make test-real` waits on it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -57,18 +58,23 @@ if [ ! -s "$out/pause.tar" ] || [ ! -s "$out/busybox.tar" ]; then
   mv "$out/busybox.tar.tmp" "$out/busybox.tar"
   echo "[real-node] Built the pause and busybox images into $out" >&2
 fi
-# the operator image, from what of the tree goes into it (git's view: tracked or not ignored)
+# kvscale's operator and router images, from what of the tree goes into them (git's view: tracked
+# or not ignored)
 version=$(sed -n 's/^version = "\(.*\)"$/\1/p' ../pyproject.toml)
 sources=$(cd .. && git ls-files -co --exclude-standard -- pyproject.toml README.md operator engine-image \
   | sort | xargs sha256sum | sha256sum)
-op_hash=$( { cat real-node/build-images.sh ../engine-image/build-image.sh docker.sh;
+kv_hash=$( { cat real-node/build-images.sh ../engine-image/build-image.sh docker.sh;
   echo "$version $sources"; } | sha256sum | cut -c1-16)
-operator="$cache/operator-$op_hash"
-if [ ! -s "$operator/operator.tar" ]; then
-  (cd .. && IMAGES=operator TAG="$version" REGISTRY=kvscale engine-image/build-image.sh) >&2
-  mkdir -p "$operator"
-  docker save "kvscale/operator:$version" -o "$operator/operator.tar.tmp"
-  mv "$operator/operator.tar.tmp" "$operator/operator.tar"
-  echo "[real-node] Saved kvscale/operator:$version into $operator" >&2
+kvscale="$cache/kvscale-$kv_hash"
+if [ ! -s "$kvscale/operator.tar" ] || [ ! -s "$kvscale/router.tar" ]; then
+  (cd .. && IMAGES="operator router" TAG="$version" REGISTRY=kvscale engine-image/build-image.sh) >&2
+  mkdir -p "$kvscale"
+  for name in operator router; do
+    docker save "kvscale/$name:$version" -o "$kvscale/$name.tar.tmp"
+    mv "$kvscale/$name.tar.tmp" "$kvscale/$name.tar"
+  done
+  echo "[real-node] Saved kvscale/operator:$version and kvscale/router:$version into $kvscale" >&2
+  # one copy kept (650 MB a tree): the builds of older trees go
+  find "$cache" -maxdepth 1 -name 'kvscale-*' ! -path "$kvscale" -exec rm -rf {} +
 fi
-echo "$out:$operator"
+echo "$out:$kvscale"
