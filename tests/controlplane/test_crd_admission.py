@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from kvscale.api.router import NODE_SELECTOR_KEY_MESSAGE
 from kvscale.kube import Kube, KubeError
 from kvscale_cluster.specs import endpoint_body
 
@@ -241,6 +242,11 @@ MALFORMED: list[tuple[str, dict[str, Any], str]] = [
         "gpuType needs resources.gpusPerReplica of at least 1",
     ),
     (
+        "router-node-selector-bad-key",
+        with_spec(spec__router={"nodeSelector": {"bad key!": "cpu"}}),
+        NODE_SELECTOR_KEY_MESSAGE,
+    ),
+    (
         "prometheus-url-ftp",
         with_spec(
             spec__scaling={"signals": {"source": "prometheus", "prometheusUrl": "ftp://p:9090"}}
@@ -335,6 +341,22 @@ ACCEPTED: list[tuple[str, dict[str, Any], tuple[str, ...], Any]] = [
         with_spec(spec__engine={"extraArgs": ["--enforce-eager", "--seed=7", "--swap", "-1"]}),
         ("engine", "extraArgs"),
         ["--enforce-eager", "--seed=7", "--swap", "-1"],
+    ),
+    (
+        "router-on-a-cpu-pool",
+        with_spec(
+            spec__router={
+                "nodeSelector": {"cloud.example.com/pool": "cpu", "nvidia.com/gpu.product": "x"},
+                "tolerations": [{"key": "dedicated", "value": "cpu", "effect": "NoSchedule"}],
+            }
+        ),
+        ("router",),
+        {
+            "nodeSelector": {"cloud.example.com/pool": "cpu", "nvidia.com/gpu.product": "x"},
+            "tolerations": [
+                {"key": "dedicated", "operator": "Equal", "value": "cpu", "effect": "NoSchedule"}
+            ],
+        },
     ),
     (
         "gpu-type-with-gpus",

@@ -55,11 +55,11 @@ MOUNT_PATH_MESSAGE = (
     + ")"
 )
 
-KEY_MESSAGE = (
-    "podTemplate label, annotation and nodeSelector keys must be qualified names such as "
-    "example.com/team (an optional DNS prefix and '/', then at most 63 letters, digits, '-', '_', "
-    "'.')"
+QUALIFIED = (
+    "qualified names such as example.com/team (an optional DNS prefix and '/', then at most 63 "
+    "letters, digits, '-', '_', '.')"
 )
+KEY_MESSAGE = "podTemplate label, annotation and nodeSelector keys must be " + QUALIFIED
 _PREFIX = rules.DNS_SUBDOMAIN[1:-1]  # unanchored
 KEY = rf"^(?:{_PREFIX}/)?[A-Za-z0-9](?:[-A-Za-z0-9_.]{{0,61}}[A-Za-z0-9])?$"
 LABEL_VALUE = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
@@ -73,6 +73,16 @@ def _name(what: str, **field: Any) -> Any:
     )
 
 
+def keys_rule(field: str, message: str) -> tuple[str, str]:
+    """CEL, with its message: every key of the map `self.<field>` is a qualified name (KEY)."""
+    return (f"!has(self.{field}) || self.{field}.all(k, k.{rules.matches(KEY)})", message)
+
+
+def qualified(keys: dict[str, Any] | None) -> bool:
+    """Whether every key of a map is a qualified name (KEY), as `keys_rule` checks at admission."""
+    return all(re.fullmatch(KEY, k) for k in keys or {})
+
+
 def _keys_without(prefixes: tuple[str, ...]) -> str:
     """CEL: no key of the map `self.<field>` starts with one of `prefixes`."""
     return " && ".join(f"!k.startsWith('{p}')" for p in prefixes)
@@ -80,6 +90,9 @@ def _keys_without(prefixes: tuple[str, ...]) -> str:
 
 LabelKey = str  # checked by CEL (KEY): a structural schema has no pattern for keys
 LabelValue = Annotated[str, Field(max_length=63, pattern=LABEL_VALUE, description="A label value.")]
+NodeLabels = dict[LabelKey, LabelValue]
+MAX_NODE_LABELS = 16
+MAX_TOLERATIONS = 16
 Quantity = Annotated[
     int | str,
     # a pattern, as Kubernetes' own schemas check quantities: CEL's isQuantity over a value of
@@ -96,7 +109,7 @@ class LocalObjectReference(Model):
 
 
 class Toleration(Model):
-    """A toleration added to the engine pods (the GPU's own stays)."""
+    """A toleration added to the pods (the operator's own stay)."""
 
     key: Annotated[
         str | None, Field(max_length=317, description="Taint key; empty with Exists: all.")
@@ -442,10 +455,7 @@ class PodTemplate(Model):
 
     model_config = ConfigDict(
         json_schema_extra=rules_of(
-            *(
-                (f"!has(self.{m}) || self.{m}.all(k, k.{rules.matches(KEY)})", KEY_MESSAGE)
-                for m in ("labels", "annotations", "nodeSelector")
-            ),
+            *(keys_rule(m, KEY_MESSAGE) for m in ("labels", "annotations", "nodeSelector")),
             (
                 "!has(self.labels) || self.labels.all(k, "
                 + _keys_without(OPERATOR_LABEL_PREFIXES)
@@ -502,12 +512,12 @@ class PodTemplate(Model):
     ] = []
     tolerations: Annotated[
         list[Toleration],
-        Field(max_length=16, description="Tolerations added to the GPU's own."),
+        Field(max_length=MAX_TOLERATIONS, description="Tolerations added to the GPU's own."),
     ] = []
     node_selector: Annotated[
-        dict[LabelKey, LabelValue] | None,
+        NodeLabels | None,
         Field(
-            max_length=16,
+            max_length=MAX_NODE_LABELS,
             description="Node labels the pods require, added to resources.gpuType's.",
         ),
     ] = None
@@ -571,7 +581,7 @@ class PodTemplate(Model):
     @model_validator(mode="after")
     def _contract(self) -> PodTemplate:
         for keys in (self.labels, self.annotations, self.node_selector):
-            if any(not re.fullmatch(KEY, k) for k in keys or {}):
+            if not qualified(keys):
                 raise ValueError(KEY_MESSAGE)
         if any(k.startswith(OPERATOR_LABEL_PREFIXES) for k in self.labels or {}):
             raise ValueError(LABELS_MESSAGE)

@@ -17,6 +17,8 @@ from kvscale.api.base import Model, rules_of, validations
 from kvscale.api.images import ENGINE_IMAGE, VLLM_IMAGE, DefaultImages
 from kvscale.api.pod_template import DESCRIPTION as POD_TEMPLATE_DESCRIPTION
 from kvscale.api.pod_template import PodTemplate
+from kvscale.api.router import DESCRIPTION as ROUTER_DESCRIPTION
+from kvscale.api.router import RouterSpec
 
 GROUP = "kvscale.io"
 VERSION = "v1alpha1"
@@ -638,6 +640,7 @@ class LLMEndpointSpec(Model):
     scaling: ScalingSpec = ScalingSpec()
     cost: CostSpec = CostSpec()
     pod_template: Annotated[PodTemplate | None, Field(description=POD_TEMPLATE_DESCRIPTION)] = None
+    router: Annotated[RouterSpec | None, Field(description=ROUTER_DESCRIPTION)] = None
     replicas: Annotated[
         int | None,
         Field(

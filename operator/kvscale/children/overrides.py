@@ -11,7 +11,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from kvscale.api.pod_template import PodTemplate
+from kvscale.api.pod_template import NodeLabels, PodTemplate, Toleration
+from kvscale.api.router import RouterSpec
 
 JSON = dict[str, Any]
 
@@ -48,6 +49,23 @@ def pull_secrets(pod: JSON, overrides: PodTemplate | None) -> JSON:
         return pod
     secrets = keyed(pod.get("imagePullSecrets", []), _dump(overrides.image_pull_secrets))
     return {**pod, "imagePullSecrets": secrets}
+
+
+def placement(pod: JSON, tolerations: list[Toleration], node_selector: NodeLabels | None) -> JSON:
+    """A pod spec with tolerations added to its own and node labels to its nodeSelector."""
+    out = dict(pod)
+    if tolerations:
+        out["tolerations"] = _atomic_union(pod.get("tolerations", []), _dump(tolerations))
+    if node_selector:
+        out["nodeSelector"] = {**pod.get("nodeSelector", {}), **node_selector}
+    return out
+
+
+def router_placement(pod: JSON, router: RouterSpec | None) -> JSON:
+    """The router's pod spec with spec.router's nodeSelector and tolerations."""
+    if router is None:
+        return pod
+    return placement(pod, router.tolerations, router.node_selector)
 
 
 def environment(c: JSON, o: PodTemplate) -> JSON:
@@ -88,10 +106,7 @@ def pod_template(template: JSON, o: PodTemplate | None) -> JSON:
     pod["containers"] = [container(first, o), *rest]
     if pod.get("initContainers"):  # the model's download sees HF_ENDPOINT, HF_TOKEN and the like
         pod["initContainers"] = [environment(i, o) for i in pod["initContainers"]]
-    if o.tolerations:
-        pod["tolerations"] = _atomic_union(pod.get("tolerations", []), _dump(o.tolerations))
-    if o.node_selector:
-        pod["nodeSelector"] = {**pod.get("nodeSelector", {}), **o.node_selector}
+    pod = placement(pod, o.tolerations, o.node_selector)
     if o.affinity is not None:
         pod["affinity"] = _json(o.affinity)
     if o.priority_class_name is not None:

@@ -158,24 +158,27 @@ def router_deployment(
                         "prometheus.io/path": "/metrics",
                     },
                 },
-                "spec": overrides.pull_secrets(
-                    {
-                        "serviceAccountName": router_name(owner.name),
-                        "automountServiceAccountToken": True,  # it watches the API
-                        "containers": [_container(owner, spec, images)],
-                        "terminationGracePeriodSeconds": ROUTER_DRAIN_SECONDS + 5,
-                        "affinity": {
-                            "podAntiAffinity": {
-                                "preferredDuringSchedulingIgnoredDuringExecution": [spread]
-                            }
+                "spec": overrides.router_placement(
+                    overrides.pull_secrets(
+                        {
+                            "serviceAccountName": router_name(owner.name),
+                            "automountServiceAccountToken": True,  # it watches the API
+                            "containers": [_container(owner, spec, images)],
+                            "terminationGracePeriodSeconds": ROUTER_DRAIN_SECONDS + 5,
+                            "affinity": {
+                                "podAntiAffinity": {
+                                    "preferredDuringSchedulingIgnoredDuringExecution": [spread]
+                                }
+                            },
+                            "securityContext": {
+                                "runAsNonRoot": True,
+                                "seccompProfile": {"type": "RuntimeDefault"},
+                            },
+                            "volumes": [{"name": "tmp", "emptyDir": {}}],
                         },
-                        "securityContext": {
-                            "runAsNonRoot": True,
-                            "seccompProfile": {"type": "RuntimeDefault"},
-                        },
-                        "volumes": [{"name": "tmp", "emptyDir": {}}],
-                    },
-                    spec.pod_template,
+                        spec.pod_template,
+                    ),
+                    spec.router,
                 ),
             },
         },

@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
+import pytest
+from pydantic import ValidationError
+
 from kvscale import __version__
+from kvscale.api.router import NODE_SELECTOR_KEY_MESSAGE, RouterSpec
 from kvscale.api.v1alpha1 import LLMEndpointSpec
 from kvscale.children import engine, router
 from kvscale_cluster import images
@@ -131,3 +136,67 @@ def test_a_deferrable_class_reaches_the_router_with_its_deadline() -> None:
         {"name": "chat", "priority": 0, "maxQueueWaitSeconds": 30.0},
         {"name": "batch", "priority": 0, "maxQueueWaitSeconds": 3600, "deadlineSeconds": 3600},
     ]
+
+
+CPU_POOL = {"cloud.example.com/pool": "cpu"}
+CPU_TAINT = {"key": "dedicated", "operator": "Equal", "value": "cpu", "effect": "NoSchedule"}
+
+
+def router_pod(s: LLMEndpointSpec) -> dict[str, Any]:
+    return router.router_deployment(OWNER, s)["spec"]["template"]["spec"]
+
+
+def test_spec_router_places_the_router_pods_and_not_the_engines() -> None:
+    placed = spec(router={"nodeSelector": CPU_POOL, "tolerations": [CPU_TAINT]})
+    pod = router_pod(placed)
+    assert pod["nodeSelector"] == CPU_POOL
+    assert pod["tolerations"] == [CPU_TAINT]
+    assert pod["affinity"] == router_pod(spec())["affinity"]  # the routers still spread
+    engine_pod = engine.engine_deployment(OWNER, placed, 1)["spec"]["template"]["spec"]
+    assert engine_pod == engine.engine_deployment(OWNER, spec(), 1)["spec"]["template"]["spec"]
+    assert CPU_TAINT not in engine_pod.get("tolerations", [])
+    assert "cloud.example.com/pool" not in engine_pod.get("nodeSelector", {})
+
+
+def test_a_gpu_node_label_may_place_the_routers() -> None:
+    # only podTemplate.nodeSelector must leave nvidia.com/gpu.product to resources.gpuType
+    pod = router_pod(spec(router={"nodeSelector": {"nvidia.com/gpu.product": "none"}}))
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "none"}
+
+
+def test_podtemplate_placement_does_not_reach_the_routers() -> None:
+    template = {"nodeSelector": {"pool": "gpu"}, "tolerations": [CPU_TAINT]}
+    pod = router_pod(spec(podTemplate=template, router={"nodeSelector": CPU_POOL}))
+    assert pod["nodeSelector"] == CPU_POOL and "tolerations" not in pod
+
+
+def test_without_spec_router_the_router_pods_are_unplaced() -> None:
+    pod = router_pod(spec())
+    assert "nodeSelector" not in pod and "tolerations" not in pod
+    assert router_pod(spec(router={})) == pod
+    assert router_pod(spec(router={"nodeSelector": {}, "tolerations": []})) == pod
+
+
+@pytest.mark.parametrize(
+    ("router_spec", "message"),
+    [
+        ({"nodeSelector": {"bad key!": "cpu"}}, NODE_SELECTOR_KEY_MESSAGE),
+        ({"nodeSelector": {"-pool": "cpu"}}, NODE_SELECTOR_KEY_MESSAGE),
+        ({"nodeSelector": {"pool": "a b"}}, "String should match pattern"),
+        ({"nodeSelector": {f"k{i}": "v" for i in range(17)}}, "at most 16 items"),
+        ({"tolerations": [CPU_TAINT] * 17}, "at most 16 items"),
+        ({"tolerations": [{"operator": "Maybe"}]}, "'Exists' or 'Equal'"),
+        ({"replicas": 3}, "Extra inputs are not permitted"),
+        ({"affinity": {}}, "Extra inputs are not permitted"),
+    ],
+)
+def test_a_bad_router_spec_is_refused(router_spec: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValidationError, match=re.escape(message)):
+        RouterSpec.model_validate(router_spec)
+    with pytest.raises(ValidationError, match=re.escape(message)):
+        spec(router=router_spec)
+
+
+def test_the_router_key_message_names_the_field_and_the_form() -> None:
+    assert NODE_SELECTOR_KEY_MESSAGE.startswith("router.nodeSelector keys must be qualified names")
+    assert "example.com/team" in NODE_SELECTOR_KEY_MESSAGE
