@@ -4,13 +4,15 @@
 manifests/ unchanged, plus a nodeSelector and a toleration that pin the operator to the real
 node): the operator runs there as a container of kvscale/operator under its ServiceAccount, in
 kvscale-system, which enforces the restricted Pod Security profile. It reconciles the sample
-manifests/samples/tiny-autoscaling.yaml in a namespace that enforces the restricted profile too;
-the engines and the router run on the process nodes (the engine image, 5.9 GB with PyPI's torch,
-is not imported into the real node: docs/real-node.md). The module walks one cycle in order:
-the operator's container as the real node runs it; the sample Available and serving through its
-Service with the official `openai` client; a burst that scales up and a quiet spell that drains
-a replica away with 0 failed requests; the operator's container killed, restarted by the
-kubelet, and the endpoint reconciled again by the restarted operator.
+manifests/samples/tiny-autoscaling.yaml in a namespace that enforces the restricted profile too,
+with its routers placed on the real node (`spec.router`: the node's label and a toleration of its
+taint), where they run as containers of kvscale/router; the engines run on the process nodes
+(the engine image, 5.9 GB with PyPI's torch, is not imported here: e2e/real-engine/ and
+docs/real-node.md). The module walks one cycle in order: the operator's container as the real
+node runs it; the sample Available and serving through its Service (the router containers) with
+the official `openai` client; a burst that scales up and a quiet spell that drains a replica
+away with 0 failed requests; a router container and the operator's container killed, restarted
+by the kubelet, and the endpoint reconciled again by the restarted operator.
 """
 
 from __future__ import annotations
@@ -37,12 +39,23 @@ OVERLAY = ROOT / "e2e" / "real" / "operator"
 SAMPLE = ROOT / "manifests" / "samples" / "tiny-autoscaling.yaml"
 BODY: dict[str, Any] = yaml.safe_load(SAMPLE.read_text())
 NAME, MODEL = BODY["metadata"]["name"], BODY["spec"]["model"]["name"]
+PLACED = {  # the sample, its routers on the real node
+    **BODY,
+    "spec": {
+        **BODY["spec"],
+        "router": {
+            "nodeSelector": {real_node.LABEL[0]: real_node.LABEL[1]},
+            "tolerations": [real_node.TOLERATION],
+        },
+    },
+}
 INTERVAL = int(BODY["spec"]["scaling"]["capacityIntervalSeconds"])
 STABILIZATION = int(BODY["spec"]["scaling"]["scaleDownStabilizationSeconds"])
 API = "kvscale.io/v1alpha1"
 SYSTEM = "kvscale-system"
 OPERATOR = "app.kubernetes.io/name=kvscale-operator"
 ENGINES = f"kvscale.io/endpoint={NAME},kvscale.io/role=engine"
+ROUTERS = f"kvscale.io/endpoint={NAME},kvscale.io/role=router"
 TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
 # a request is ~15 prompt + 48 generated tokens; the sample declares 150 tokens/s a replica, so
 # 0.5 request/s needs one replica and 6 requests/s all three
@@ -76,7 +89,7 @@ def namespace(cluster: Cluster, api: Kube, installed: None) -> Iterator[str]:
     kubectl(cluster, "create", "namespace", name)
     kubectl(cluster, "label", "namespace", name, "pod-security.kubernetes.io/enforce=restricted")
     try:
-        kubectl(cluster, "apply", "--server-side", "-n", name, "-f", str(SAMPLE))
+        kubectl(cluster, "apply", "--server-side", "-n", name, "-f", "-", stdin=json.dumps(PLACED))
         yield name
     finally:
         with contextlib.suppress(AssertionError):
@@ -151,8 +164,15 @@ def test_sample_becomes_available_and_serves_through_its_service(
         240,
         "the sample Available (the operator container reconciling it)",
     )
-    for pod in api.list_pods(namespace, "kvscale.io/endpoint=" + NAME):
+    for pod in api.list_pods(namespace, ENGINES):
         assert pod["spec"]["nodeName"] != real_node.NAME, pod["metadata"]["name"]
+    routers = api.list_pods(namespace, ROUTERS)
+    assert len(routers) == 2  # the sample may scale to 3 replicas: two routers
+    for pod in routers:
+        assert pod["spec"]["nodeName"] == real_node.NAME, pod["metadata"]["name"]
+        state = container_status(pod)
+        assert state["containerID"].startswith("containerd://"), state
+        assert "kvscale/router:" in state["image"], state["image"]
     client = openai.OpenAI(base_url=f"{service_url(api, namespace)}/v1", api_key="-", max_retries=0)
     answer = client.completions.create(  # the sample's dummy model has no chat template
         model=MODEL, prompt="Hello from a real node", max_tokens=8, extra_body={"ignore_eos": True}
@@ -198,6 +218,29 @@ def test_burst_scales_up_and_quiet_drains_without_failures(
     assert len(load.results) >= 100 and not load.failures(), load.failures()[:5]
     seen = reasons(api, namespace)
     assert "ScaledUp" in seen and "DrainingReplica" in seen and "ScaledDown" in seen, seen
+
+
+def test_killed_router_container_restarts_and_serves_again(
+    cluster: Cluster, api: Kube, namespace: str
+) -> None:
+    pod = api.list_pods(namespace, ROUTERS)[0]
+    name = pod["metadata"]["name"]
+    task = container_status(pod)["containerID"].removeprefix("containerd://")
+    real_node.RealNode(cluster.directory / "real-node").ctr_checked(
+        "tasks", "kill", "--signal", "SIGKILL", task
+    )
+
+    def back() -> bool:
+        found = api.get("v1", "Pod", namespace, name) or {}
+        state = container_status(found) if found.get("status") else {}
+        return state.get("restartCount") == 1 and _ready(found)
+
+    wait_for(back, 90, f"router {name} restarted by the kubelet and Ready")
+    client = openai.OpenAI(base_url=f"{service_url(api, namespace)}/v1", api_key="-", max_retries=0)
+    for i in range(4):  # whichever router the Service picks
+        out = client.completions.create(model=MODEL, prompt=f"again {i}", max_tokens=4,
+                                        extra_body={"ignore_eos": True})  # fmt: skip
+        assert out.usage is not None and out.usage.completion_tokens == 4
 
 
 def test_killed_operator_container_restarts_and_reconciles_again(
