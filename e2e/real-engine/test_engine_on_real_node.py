@@ -1,8 +1,9 @@
 """kvscale's engine image as containers under the real kubelet.
 
 kvscale installed from manifests/ (e2e/install) with its operator on a process node; an endpoint
-whose engine pods the podTemplate pins to the real node (its label and a toleration of its
-taint), in a namespace enforcing the restricted Pod Security profile. In order: the engine
+whose engine pods (`spec.podTemplate`) and router pods (`spec.router`) are pinned to the real node
+(its label and a toleration of its taint), in a namespace enforcing the restricted Pod Security
+profile: the whole data path runs as containers. In order: the engine
 container runs as the image's user with a read-only root and becomes Ready by the real kubelet's
 probes; it serves through the endpoint's Service (the router on a process node) and the operator
 reads its metrics; killed with SIGKILL it is restarted and serves again; two replicas drain back
@@ -56,6 +57,10 @@ def endpoint(replicas: int) -> dict[str, Any]:
                 "replicaCapacityTokensPerSecond": 150,
             },
             "podTemplate": {
+                "nodeSelector": {real_node.LABEL[0]: real_node.LABEL[1]},
+                "tolerations": [real_node.TOLERATION],
+            },
+            "router": {
                 "nodeSelector": {real_node.LABEL[0]: real_node.LABEL[1]},
                 "tolerations": [real_node.TOLERATION],
             },
@@ -139,6 +144,9 @@ def test_engine_runs_as_a_container_and_serves(cluster: Cluster, api: Kube, name
     (pod,) = engines(api, namespace)
     assert pod["spec"]["nodeName"] == real_node.NAME
     assert container(pod)["containerID"].startswith("containerd://")
+    for router in api.list_pods(namespace, f"kvscale.io/endpoint={NAME},kvscale.io/role=router"):
+        assert router["spec"]["nodeName"] == real_node.NAME
+        assert "kvscale/router:" in container(router)["image"]
     name = pod["metadata"]["name"]
     uid = kubectl(cluster, "-n", namespace, "exec", name, "--", "id", "-u").stdout.strip()
     assert uid == "10001"
