@@ -39,6 +39,7 @@ SLO_TTFT_S = 2.0
 SLO_INTERVAL_S = 10.0
 SAMPLE_EVERY_S = 1.0
 MIN_REPLICAS, MAX_REPLICAS = 1, 3
+REFUSED = "HTTP 429"  # a request refused at admission, as Request.error records it
 
 
 @dataclass(frozen=True)
@@ -415,6 +416,8 @@ def measure(run: Run, slo_s: float = SLO_TTFT_S) -> dict[str, Any]:
         "phases": per_phase,
         "requests": len(run.requests),
         "failed": len(failed),
+        # of those, refused at admission (429 with Retry-After: back-pressure, never accepted)
+        "refused": sum(1 for r in failed if r.error == REFUSED),
         "failed_in_scale_in": len(cut),
         "scale_in_windows": len(windows),
         "failure_examples": sorted({r.error or "" for r in failed})[:5],
