@@ -25,9 +25,9 @@ from kvscale.kube import Kube
 from kvscale_cluster import real_node
 from kvscale_cluster.fixtures import Cluster, kubectl, wait_for
 from kvscale_cluster.install import install_kvscale, uninstall_kvscale
+from kvscale_cluster.reads import API, condition, container_status, ready, service_url, status
 from kvscale_demo.load import Load
 
-API = "kvscale.io/v1alpha1"
 NAME, MODEL = "chat", "tiny"
 ENGINES = f"kvscale.io/endpoint={NAME},kvscale.io/role=engine"
 INTERVAL, STABILIZATION = 10, 20
@@ -96,39 +96,15 @@ def apply(cluster: Cluster, namespace: str, body: dict[str, Any]) -> None:
     kubectl(cluster, "apply", "--server-side", "-n", namespace, "-f", "-", stdin=json.dumps(body))
 
 
-def status(api: Kube, namespace: str) -> dict[str, Any]:
-    found = api.get(API, "LLMEndpoint", namespace, NAME)
-    assert found is not None
-    return dict(found.get("status") or {})
-
-
-def condition(st: dict[str, Any], type_: str) -> dict[str, Any]:
-    return next((c for c in st.get("conditions", []) if c["type"] == type_), {})
-
-
 def engines(api: Kube, namespace: str) -> list[dict[str, Any]]:
     pods = api.list_pods(namespace, ENGINES)
     return [p for p in pods if not p["metadata"].get("deletionTimestamp")]
 
 
-def ready(pod: dict[str, Any]) -> bool:
-    conditions = pod.get("status", {}).get("conditions") or []
-    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
-
-
-def container(pod: dict[str, Any]) -> dict[str, Any]:
-    (found,) = pod["status"].get("containerStatuses") or [{}]
-    return dict(found)
-
-
-def url(api: Kube, namespace: str) -> str:
-    service = api.get("v1", "Service", namespace, NAME)
-    assert service is not None
-    return f"http://{service['spec']['clusterIP']}:8000"
-
-
 def complete(api: Kube, namespace: str, prompt: str) -> None:
-    client = openai.OpenAI(base_url=f"{url(api, namespace)}/v1", api_key="-", max_retries=0)
+    client = openai.OpenAI(
+        base_url=f"{service_url(api, namespace, NAME)}/v1", api_key="-", max_retries=0
+    )
     out = client.completions.create(
         model=MODEL, prompt=prompt, max_tokens=8, extra_body={"ignore_eos": True}
     )
@@ -137,16 +113,16 @@ def complete(api: Kube, namespace: str, prompt: str) -> None:
 
 def test_engine_runs_as_a_container_and_serves(cluster: Cluster, api: Kube, namespace: str) -> None:
     wait_for(
-        lambda: condition(status(api, namespace), "Available").get("status") == "True",
+        lambda: condition(status(api, namespace, NAME), "Available").get("status") == "True",
         300,
         "the endpoint Available with its engine on the real node",
     )
     (pod,) = engines(api, namespace)
     assert pod["spec"]["nodeName"] == real_node.NAME
-    assert container(pod)["containerID"].startswith("containerd://")
+    assert container_status(pod)["containerID"].startswith("containerd://")
     for router in api.list_pods(namespace, f"kvscale.io/endpoint={NAME},kvscale.io/role=router"):
         assert router["spec"]["nodeName"] == real_node.NAME
-        assert "kvscale/router:" in container(router)["image"]
+        assert "kvscale/router:" in container_status(router)["image"]
     name = pod["metadata"]["name"]
     uid = kubectl(cluster, "-n", namespace, "exec", name, "--", "id", "-u").stdout.strip()
     assert uid == "10001"
@@ -155,7 +131,7 @@ def test_engine_runs_as_a_container_and_serves(cluster: Cluster, api: Kube, name
     assert denied.returncode != 0 and "Read-only file system" in denied.stderr, denied
     complete(api, namespace, "Hello from a real node's engine")
     wait_for(
-        lambda: condition(status(api, namespace), "MetricsAvailable").get("status") == "True",
+        lambda: condition(status(api, namespace, NAME), "MetricsAvailable").get("status") == "True",
         6 * INTERVAL,
         "MetricsAvailable=True (the operator scraping the container)",
     )
@@ -165,17 +141,17 @@ def test_killed_engine_container_restarts_and_serves_again(
     cluster: Cluster, api: Kube, namespace: str
 ) -> None:
     (pod,) = engines(api, namespace)
-    task = container(pod)["containerID"].removeprefix("containerd://")
+    task = container_status(pod)["containerID"].removeprefix("containerd://")
     node = real_node.RealNode(cluster.directory / "real-node")
     node.ctr_checked("tasks", "kill", "--signal", "SIGKILL", task)
 
     def back() -> dict[str, Any] | None:
         (now,) = engines(api, namespace)
-        state = container(now)
+        state = container_status(now)
         return now if state.get("restartCount") == 1 and ready(now) else None
 
     restarted = wait_for(back, 180, "the engine container restarted and Ready")
-    assert container(restarted)["lastState"]["terminated"]["exitCode"] == 137
+    assert container_status(restarted)["lastState"]["terminated"]["exitCode"] == 137
     wait_for(lambda: complete(api, namespace, "Again") is None, 60, "a completion after it")
 
 
@@ -185,13 +161,14 @@ def test_two_replicas_drain_to_one_without_failures(
     apply(cluster, namespace, endpoint(replicas=2))
     wait_for(lambda: len([p for p in engines(api, namespace) if ready(p)]) == 2, 300,
              "2 engine containers Ready")  # fmt: skip
-    with Load(url(api, namespace), MODEL) as load:
+    with Load(service_url(api, namespace, NAME), MODEL) as load:
         load.set_rate(0.5)
         kubectl(cluster, "-n", namespace, "patch", "llme", NAME, "--type=json",
                 "-p", '[{"op": "remove", "path": "/spec/replicas"}]')  # fmt: skip
         wait_for(
             lambda: (
-                status(api, namespace).get("replicas") == 1 and len(engines(api, namespace)) == 1
+                status(api, namespace, NAME).get("replicas") == 1
+                and len(engines(api, namespace)) == 1
             ),
             10 * (STABILIZATION + INTERVAL),
             "back to 1 engine container once unpinned",

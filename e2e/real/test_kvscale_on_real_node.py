@@ -33,6 +33,7 @@ from kvscale.kube import Kube
 from kvscale_cluster import real_node
 from kvscale_cluster.fixtures import Cluster, kubectl, wait_for
 from kvscale_cluster.install import CRD_NAME, CRDS, ROOT, wait_established
+from kvscale_cluster.reads import condition, container_status, ready, service_url, status
 from kvscale_demo.load import Load
 
 OVERLAY = ROOT / "e2e" / "real" / "operator"
@@ -51,7 +52,6 @@ PLACED = {  # the sample, its routers on the real node
 }
 INTERVAL = int(BODY["spec"]["scaling"]["capacityIntervalSeconds"])
 STABILIZATION = int(BODY["spec"]["scaling"]["scaleDownStabilizationSeconds"])
-API = "kvscale.io/v1alpha1"
 SYSTEM = "kvscale-system"
 OPERATOR = "app.kubernetes.io/name=kvscale-operator"
 ENGINES = f"kvscale.io/endpoint={NAME},kvscale.io/role=engine"
@@ -103,21 +103,6 @@ def operator_pod(api: Kube) -> dict[str, Any]:
     return pod
 
 
-def container_status(pod: dict[str, Any]) -> dict[str, Any]:
-    (found,) = pod["status"].get("containerStatuses") or [{}]
-    return dict(found)
-
-
-def status(api: Kube, namespace: str) -> dict[str, Any]:
-    found = api.get(API, "LLMEndpoint", namespace, NAME)
-    assert found is not None
-    return dict(found.get("status") or {})
-
-
-def condition(st: dict[str, Any], type_: str) -> dict[str, Any]:
-    return next((c for c in st.get("conditions", []) if c["type"] == type_), {})
-
-
 def reasons(api: Kube, namespace: str) -> list[str]:
     found = api.request("GET", f"/api/v1/namespaces/{namespace}/events") or {}
     return [e["reason"] for e in found.get("items", [])]
@@ -126,12 +111,6 @@ def reasons(api: Kube, namespace: str) -> list[str]:
 def exec_operator(cluster: Cluster, api: Kube, *command: str) -> Any:
     name = operator_pod(api)["metadata"]["name"]
     return kubectl(cluster, "-n", SYSTEM, "exec", name, "--", *command, check=False)
-
-
-def service_url(api: Kube, namespace: str) -> str:
-    service = api.get("v1", "Service", namespace, NAME)
-    assert service is not None
-    return f"http://{service['spec']['clusterIP']}:8000"
 
 
 def test_operator_runs_as_a_container_under_its_service_account(
@@ -160,7 +139,7 @@ def test_sample_becomes_available_and_serves_through_its_service(
     cluster: Cluster, api: Kube, namespace: str
 ) -> None:
     wait_for(
-        lambda: condition(status(api, namespace), "Available").get("status") == "True",
+        lambda: condition(status(api, namespace, NAME), "Available").get("status") == "True",
         240,
         "the sample Available (the operator container reconciling it)",
     )
@@ -173,14 +152,16 @@ def test_sample_becomes_available_and_serves_through_its_service(
         state = container_status(pod)
         assert state["containerID"].startswith("containerd://"), state
         assert "kvscale/router:" in state["image"], state["image"]
-    client = openai.OpenAI(base_url=f"{service_url(api, namespace)}/v1", api_key="-", max_retries=0)
+    client = openai.OpenAI(
+        base_url=f"{service_url(api, namespace, NAME)}/v1", api_key="-", max_retries=0
+    )
     answer = client.completions.create(  # the sample's dummy model has no chat template
         model=MODEL, prompt="Hello from a real node", max_tokens=8, extra_body={"ignore_eos": True}
     )
     assert answer.usage is not None and answer.usage.completion_tokens == 8
     assert answer.choices[0].finish_reason == "length"
     wait_for(
-        lambda: condition(status(api, namespace), "MetricsAvailable").get("status") == "True",
+        lambda: condition(status(api, namespace, NAME), "MetricsAvailable").get("status") == "True",
         6 * INTERVAL,
         "MetricsAvailable=True (the container scraping the engines)",
     )
@@ -189,28 +170,28 @@ def test_sample_becomes_available_and_serves_through_its_service(
 def test_burst_scales_up_and_quiet_drains_without_failures(
     cluster: Cluster, api: Kube, namespace: str
 ) -> None:
-    with Load(service_url(api, namespace), MODEL) as load:
+    with Load(service_url(api, namespace, NAME), MODEL) as load:
         load.set_rate(LOW)
         wait_for(
-            lambda: status(api, namespace).get("capacity", {}).get("demandTokensPerSecond"),
+            lambda: status(api, namespace, NAME).get("capacity", {}).get("demandTokensPerSecond"),
             6 * INTERVAL,
             "a first demand measurement",
         )
         load.set_rate(BURST)
         wait_for(
-            lambda: int(status(api, namespace).get("desiredReplicas", 1)) >= 2,
+            lambda: int(status(api, namespace, NAME).get("desiredReplicas", 1)) >= 2,
             3 * INTERVAL + 15,
             "replicas to rise for the burst",
         )
         wait_for(
-            lambda: int(status(api, namespace).get("readyReplicas", 0)) >= 2,
+            lambda: int(status(api, namespace, NAME).get("readyReplicas", 0)) >= 2,
             180,
             "a second replica Ready",
         )
         load.set_rate(LOW)
         quiet = time.monotonic()
         wait_for(
-            lambda: status(api, namespace).get("replicas") == 1,
+            lambda: status(api, namespace, NAME).get("replicas") == 1,
             10 * (STABILIZATION + INTERVAL),
             "replicas back to 1 in the quiet spell",
         )
@@ -233,10 +214,12 @@ def test_killed_router_container_restarts_and_serves_again(
     def back() -> bool:
         found = api.get("v1", "Pod", namespace, name) or {}
         state = container_status(found) if found.get("status") else {}
-        return state.get("restartCount") == 1 and _ready(found)
+        return state.get("restartCount") == 1 and ready(found)
 
     wait_for(back, 90, f"router {name} restarted by the kubelet and Ready")
-    client = openai.OpenAI(base_url=f"{service_url(api, namespace)}/v1", api_key="-", max_retries=0)
+    client = openai.OpenAI(
+        base_url=f"{service_url(api, namespace, NAME)}/v1", api_key="-", max_retries=0
+    )
     for i in range(4):  # whichever router the Service picks
         out = client.completions.create(model=MODEL, prompt=f"again {i}", max_tokens=4,
                                         extra_body={"ignore_eos": True})  # fmt: skip
@@ -262,12 +245,7 @@ def test_killed_operator_container_restarts_and_reconciles_again(
     patch = json.dumps({"spec": {"replicas": 2}})
     kubectl(cluster, "-n", namespace, "patch", "llme", NAME, "--type=merge", "-p", patch)
     wait_for(
-        lambda: len([p for p in api.list_pods(namespace, ENGINES) if _ready(p)]) == 2,
+        lambda: len([p for p in api.list_pods(namespace, ENGINES) if ready(p)]) == 2,
         180,
         "2 engine replicas from the restarted operator",
     )
-
-
-def _ready(pod: dict[str, Any]) -> bool:
-    conditions = pod.get("status", {}).get("conditions") or []
-    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
