@@ -22,6 +22,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 import yaml
 
@@ -64,10 +65,10 @@ class RealNode:
     def pod_logs(self) -> Path:
         return self.root / "pod-logs"
 
-    def ctr(self, *args: str) -> subprocess.CompletedProcess[str]:
+    def ctr(self, *args: str, stdin: IO[bytes] | None = None) -> subprocess.CompletedProcess[str]:
         """Run ``ctr`` against this node's containerd, in the CRI's namespace."""
         argv = ["ctr", "--address", str(self.socket), "--namespace", "k8s.io", *args]
-        return subprocess.run(argv, capture_output=True, text=True, check=False)
+        return subprocess.run(argv, stdin=stdin, capture_output=True, text=True, check=False)
 
     def ctr_checked(self, *args: str) -> str:
         done = self.ctr(*args)
@@ -334,10 +335,9 @@ def start(
 def import_from_docker(node: RealNode, image: str) -> None:
     """``docker save IMAGE | ctr images import -``: a large image (the engine's, 5.9 GB) goes
     into the node's content store without a tarball on disk beside it."""
-    argv = ["ctr", "--address", str(node.socket), "--namespace", "k8s.io", "images", "import", "-"]
     save = subprocess.Popen(["docker", "save", image], stdout=subprocess.PIPE)
     try:
-        done = subprocess.run(argv, stdin=save.stdout, capture_output=True, text=True, check=False)
+        done = node.ctr("images", "import", "-", stdin=save.stdout)
     finally:
         if save.stdout is not None:
             save.stdout.close()
