@@ -13,7 +13,7 @@ from typing import Literal
 SchedulingMode = Literal["continuous", "static"]
 DType = Literal["auto", "float32", "bfloat16", "float16"]
 AttentionBackend = Literal["auto", "reference", "flex"]
-DecodeAttention = Literal["auto", "reference", "triton"]  # auto: triton on CUDA
+DecodeAttention = Literal["auto", "reference", "triton", "cpu"]  # auto: triton on CUDA, cpu on CPU
 
 DUMMY_PREFIX = "dummy:"
 
@@ -80,8 +80,9 @@ class EngineConfig:
             f"attention_backend must be auto, reference or flex, got {self.attention_backend!r}",
         )
         _require(
-            self.decode_attention in ("auto", "reference", "triton"),
-            f"decode_attention must be auto, reference or triton, got {self.decode_attention!r}",
+            self.decode_attention in ("auto", "reference", "triton", "cpu"),
+            "decode_attention must be auto, reference, triton or cpu, got "
+            f"{self.decode_attention!r}",
         )
         _require(
             self.priority_aging_steps >= 1,

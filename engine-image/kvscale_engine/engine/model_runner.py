@@ -28,7 +28,7 @@ from kvscale_engine.engine.memory_budget import (
     plan_num_blocks,
 )
 from kvscale_engine.engine.scheduler import ScheduledBatch, ScheduledSeq
-from kvscale_engine.layers.attention import BlockMaskFn, SeqSpan, build_metadata
+from kvscale_engine.layers.attention import BlockMaskFn, DecodeFn, SeqSpan, build_metadata
 from kvscale_engine.layers.packed_linear import can_pack, pack_linears
 from kvscale_engine.layers.sampler import SampleRequest, sample, to_device
 from kvscale_engine.model_config import ModelConfig
@@ -52,9 +52,8 @@ class ModelRunner:
         self.block_mask_fn: BlockMaskFn | None = None
         if _use_flex(config, self.device):
             self._install_flex()
-        self.paged_decode = _use_paged_decode(config, self.device)
-        if self.paged_decode:
-            self._install_paged_decode()
+        self.decode_attention = self._install_decode_attention()
+        self.paged_decode = self.decode_attention != "reference"
         self.budget: MemoryBudget | None = None
         if config.num_kv_blocks is None:
             self.budget = self._measure_budget()
@@ -195,15 +194,35 @@ class ModelRunner:
             torch.cuda.empty_cache()
         return peak.bytes
 
-    def _install_paged_decode(self) -> None:
+    def _install_decode_attention(self) -> str:
+        """Which decode attention runs (reference, triton or cpu); installs a paged kernel."""
+        kind = _decode_attention(self.config, self.device, self.dtype)
+        if kind == "reference":
+            return kind
+        if kind == "cpu":
+            from kvscale_engine.layers import cpu_decode
+
+            unsupported = cpu_decode.unsupported(self.model_cfg, self.config.block_size)
+            if unsupported and self.config.decode_attention == "cpu":
+                raise ValueError(f"--decode-attention cpu: {unsupported}")
+            kernel = None if unsupported else cpu_decode.load()
+            if kernel is None:
+                if self.config.decode_attention == "cpu":
+                    raise RuntimeError("--decode-attention cpu: the CPU kernel could not be built")
+                return "reference"  # auto: the shape is beyond it, or load() logged why
+            fn: DecodeFn = kernel
+        else:
+            from kvscale_engine.layers.paged_decode import paged_decode
+
+            fn = paged_decode
         from kvscale_engine.layers.attention import PagedAttention
-        from kvscale_engine.layers.paged_decode import paged_decode
 
         window = self.model_cfg.sliding_window
-        decode = functools.partial(paged_decode, block_size=self.config.block_size, window=window)
+        decode = functools.partial(fn, block_size=self.config.block_size, window=window)
         for module in self.model.modules():
             if isinstance(module, PagedAttention):
                 module.decode_fn = decode
+        return kind
 
     def _install_flex(self) -> None:
         """FlexAttention for prefill; compiled on CUDA (eager on CPU, where tests check masks)."""
@@ -231,11 +250,17 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return DTYPES[name]
 
 
-def _use_paged_decode(config: EngineConfig, device: torch.device) -> bool:
-    """Triton decode on CUDA; on the CPU only when asked (tests, under Triton's interpreter)."""
-    if config.decode_attention == "auto":
-        return device.type == "cuda"
-    return config.decode_attention == "triton"
+def _decode_attention(config: EngineConfig, device: torch.device, dtype: torch.dtype) -> str:
+    """Triton on CUDA, the compiled C kernel for fp32 on the CPU; on the CPU Triton runs only when
+    asked (tests, under Triton's interpreter)."""
+    cpu_ok = device.type == "cpu" and dtype == torch.float32
+    if config.decode_attention == "cpu" and not cpu_ok:
+        raise ValueError(f"--decode-attention cpu needs fp32 on the CPU, not {dtype} on {device}")
+    if config.decode_attention != "auto":
+        return config.decode_attention
+    if device.type == "cuda":
+        return "triton"
+    return "cpu" if cpu_ok else "reference"
 
 
 def _use_flex(config: EngineConfig, device: torch.device) -> bool:

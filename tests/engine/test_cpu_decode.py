@@ -1,0 +1,141 @@
+"""The CPU paged-decode kernel (cpu_decode.c, built with the C compiler) against the reference
+decode (gathered SDPA) on the same cache, and the engine that picks it by default on the CPU."""
+
+from __future__ import annotations
+
+import functools
+import random
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+from engine_helpers import GREEDY, HFReference, assert_matches_hf, random_prompts, run_to_completion
+
+from kvscale_engine.engine.llm_engine import LLMEngine
+from kvscale_engine.layers import cpu_decode
+from kvscale_engine.layers.attention import PagedAttention, SeqSpan, build_metadata
+
+KV_HEADS = 2
+RAGGED = [1, 2, 15, 16, 17, 31, 32, 33, 70, 300]  # ends mid-block, on a block edge, one token
+
+
+@pytest.fixture(scope="module")
+def kernel() -> cpu_decode.Kernel:
+    built = cpu_decode.load()
+    assert built is not None, "the CPU decode kernel did not build (is a C compiler installed?)"
+    return built
+
+
+@pytest.mark.parametrize("block_size", [8, 16, 32])
+@pytest.mark.parametrize("group", [1, 3, 4])
+def test_matches_reference_decode(kernel: cpu_decode.Kernel, block_size: int, group: int) -> None:
+    _compare(kernel, RAGGED, block_size, group, 64, window=None)
+
+
+@pytest.mark.parametrize("lens", [[1], [5, 1, 40], [7, 8, 9, 100]])
+@pytest.mark.parametrize("window", [1, 7, 16])
+def test_sliding_window_and_odd_head_dim(
+    kernel: cpu_decode.Kernel, lens: list[int], window: int
+) -> None:
+    _compare(kernel, lens, 16, 3, 24, window=window)
+
+
+def test_loading_leaves_the_process_float_mode_alone(kernel: cpu_decode.Kernel) -> None:
+    """Built with -ffast-math but linked without it: flush-to-zero stays off for torch."""
+    tiny = torch.tensor([1e-40], dtype=torch.float32)
+    assert (tiny * 1.0).item() > 0.0
+
+
+def test_built_once_per_source_into_the_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KVSCALE_KERNEL_CACHE", str(tmp_path))
+    assert cpu_decode.load() is not None
+    built = list(tmp_path.glob("cpu_decode-*.so"))
+    assert len(built) == 1 and not list(tmp_path.glob("tmp*")), list(tmp_path.iterdir())
+    stamp = built[0].stat().st_mtime_ns
+    assert cpu_decode.load() is not None
+    assert built[0].stat().st_mtime_ns == stamp  # reused, not rebuilt
+
+
+def test_without_a_compiler_the_engine_keeps_the_reference_decode(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, make_engine: Callable[..., LLMEngine]
+) -> None:
+    monkeypatch.setenv("KVSCALE_KERNEL_CACHE", str(tmp_path))
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    assert cpu_decode.load() is None
+    assert make_engine().model_runner.decode_attention == "reference"
+    with pytest.raises(RuntimeError, match="could not be built"):
+        make_engine(decode_attention="cpu")
+
+
+def test_cpu_kernel_needs_fp32_on_the_cpu(make_engine: Callable[..., LLMEngine]) -> None:
+    with pytest.raises(ValueError, match="needs fp32 on the CPU"):
+        make_engine(decode_attention="cpu", dtype="bfloat16")
+    assert make_engine(dtype="bfloat16").model_runner.decode_attention == "reference"
+
+
+def test_bad_inputs_are_refused_not_read(kernel: cpu_decode.Kernel) -> None:
+    q = torch.randn(1, 4, 64)
+    cache = torch.randn(32, 2, 64)
+    tables, lens = torch.zeros(1, 2, dtype=torch.int32), torch.tensor([3], dtype=torch.int32)
+    with pytest.raises(ValueError, match="takes fp32 CPU tensors"):
+        kernel(q.half(), cache, cache, tables, lens, scale=0.1, block_size=16)
+    with pytest.raises(ValueError, match="in place"):
+        kernel(q, cache.transpose(0, 1), cache, tables, lens, scale=0.1, block_size=16)
+    with pytest.raises(ValueError, match="beyond its buffers"):
+        kernel(torch.randn(1, 34, 64), cache, cache, tables, lens, scale=0.1, block_size=16)
+
+
+def test_engine_picks_the_kernel_on_the_cpu_and_matches_hf(
+    make_engine: Callable[..., LLMEngine], hf_llama: HFReference
+) -> None:
+    prompts = random_prompts(6, (1, 40), seed=5)
+    engine = make_engine(block_size=16)
+    assert engine.model_runner.decode_attention == "cpu"
+    assert isinstance(_decode_fn(engine).func, cpu_decode.Kernel)
+    finals = run_to_completion(engine, prompts)
+    assert_matches_hf(hf_llama, prompts, finals, GREEDY.max_tokens)
+
+
+def _decode_fn(engine: LLMEngine) -> functools.partial[torch.Tensor]:
+    attn = next(m for m in engine.model_runner.model.modules() if isinstance(m, PagedAttention))
+    assert isinstance(attn.decode_fn, functools.partial)
+    return attn.decode_fn
+
+
+def _compare(
+    kernel: cpu_decode.Kernel,
+    lens: list[int],
+    block_size: int,
+    group: int,
+    head_dim: int,
+    window: int | None,
+) -> None:
+    torch.manual_seed(0)
+    rng = random.Random(block_size * 10 + group)
+    need = [-(-n // block_size) for n in lens]
+    num_blocks = sum(need) + 3
+    free = list(range(num_blocks))
+    rng.shuffle(free)  # scattered, out-of-order blocks
+    tables = [[free.pop() for _ in range(n)] for n in need]
+    spans = [SeqSpan(n - 1, 1, t) for n, t in zip(lens, tables, strict=True)]
+    heads = KV_HEADS * group
+    shape = (num_blocks * block_size, KV_HEADS, head_dim)
+    k_cache, v_cache = torch.randn(shape), torch.randn(shape)
+    q = torch.randn(len(lens), heads, head_dim)
+    k = torch.randn(len(lens), KV_HEADS, head_dim)
+    v = torch.randn(len(lens), KV_HEADS, head_dim)
+    attn = PagedAttention(heads, KV_HEADS, head_dim)
+
+    ref_meta = build_metadata(spans, block_size, window, torch.device("cpu"))
+    ref_cache = (k_cache.clone(), v_cache.clone())
+    expected = attn(q, k, v, ref_cache, ref_meta)
+
+    meta = build_metadata(spans, block_size, window, torch.device("cpu"), paged_decode=True)
+    attn.decode_fn = functools.partial(kernel, block_size=block_size, window=window)
+    got = attn(q, k, v, (k_cache, v_cache), meta)
+
+    assert torch.equal(k_cache, ref_cache[0]) and torch.equal(v_cache, ref_cache[1])
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
