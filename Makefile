@@ -78,7 +78,7 @@ chart: venv
 test-unit: venv system-deps
 	$(PYTEST) tests/unit
 
-test-engine: venv
+test-engine: venv system-deps  # system-deps: the C compiler for the CPU decode kernel
 	$(PYTEST) tests/engine
 
 # the chart's tests run helm (make helm)

@@ -2,10 +2,11 @@
 # Installs the system packages the tiers need: Prometheus (Debian's package: `promtool` for the
 # unit tier's rule tests, `prometheus` started by the cluster launcher, never as a service),
 # iproute2 (`ip netns`, veth, bridge for pod networking), iptables (the local cluster enforces
-# NetworkPolicy with iptables-restore) and the CA bundle. With `--fresh-check`
+# NetworkPolicy with iptables-restore), the CA bundle, and a C compiler with the C library's
+# headers (the engine builds its CPU decode kernel on first use). With `--fresh-check`
 # also Docker's engine and debootstrap, which the fresh-machine check (`make test-fresh`) needs;
 # with `--real-node` the real node's containerd, runc and CNI plugins, Docker's engine (it turns
-# root file systems into image tarballs) and gcc with a static libc (the pause binary).
+# root file systems into image tarballs) and a static libc (the pause binary).
 # Idempotent: does nothing when all are present. Python, Go and root are checked by
 # e2e/check-prereqs.sh (`make prereqs`), not installed.
 #
@@ -28,6 +29,8 @@ need=()
 have ip || need+=(iproute2)
 have iptables-restore || need+=(iptables)
 [ -s /etc/ssl/certs/ca-certificates.crt ] || need+=(ca-certificates)
+have cc || have gcc || need+=(gcc)
+[ -e /usr/include/math.h ] || need+=(libc6-dev)
 if [ "$fresh" = 1 ]; then
   have dockerd || need+=(docker.io)
   have debootstrap || need+=(debootstrap)
@@ -37,8 +40,7 @@ if [ "$real" = 1 ]; then
   have runc || need+=(runc)
   [ -x /usr/lib/cni/bridge ] && [ -x /usr/lib/cni/host-local ] || need+=(containernetworking-plugins)
   { [ "$fresh" = 1 ] || have dockerd; } || need+=(docker.io)
-  have gcc || need+=(gcc)
-  [ -e /usr/lib/x86_64-linux-gnu/libc.a ] || need+=(libc6-dev)
+  [ -e /usr/lib/x86_64-linux-gnu/libc.a ] || need+=(libc6-dev)  # static, for the pause binary
 fi
 
 if [ "$list" = 1 ]; then
