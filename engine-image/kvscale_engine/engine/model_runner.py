@@ -29,7 +29,7 @@ from kvscale_engine.engine.memory_budget import (
 )
 from kvscale_engine.engine.scheduler import ScheduledBatch, ScheduledSeq
 from kvscale_engine.layers.attention import BlockMaskFn, DecodeFn, SeqSpan, build_metadata
-from kvscale_engine.layers.packed_linear import can_pack, pack_linears
+from kvscale_engine.layers.packed_linear import PackedLinear, can_pack, pack_linears
 from kvscale_engine.layers.sampler import SampleRequest, sample, to_device
 from kvscale_engine.model_config import ModelConfig
 from kvscale_engine.models.llama import KVCache
@@ -48,6 +48,7 @@ class ModelRunner:
         self.dtype = resolve_dtype(config.dtype, self.device)
         self.model = load_model(config, model_cfg, self.device, self.dtype)
         if can_pack(self.device, self.dtype):  # fp32 on the CPU: oneDNN's blocked weights
+            self.model.fuse_projections(PackedLinear.fused)
             pack_linears(self.model)
         self.block_mask_fn: BlockMaskFn | None = None
         if _use_flex(config, self.device):

@@ -14,6 +14,8 @@ from torch import nn
 
 from kvscale_engine.config import ConfigError
 
+Rope = tuple[torch.Tensor, torch.Tensor]  # cos, sin: [tokens, 1, head_dim]
+
 
 class RotaryEmbedding(nn.Module):
     def __init__(
@@ -28,13 +30,24 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos", emb.cos() * attention_factor, persistent=False)
         self.register_buffer("sin", emb.sin() * attention_factor, persistent=False)
 
+    def at(self, positions: torch.Tensor, dtype: torch.dtype) -> Rope:
+        """cos and sin for a step's positions, looked up once and shared by every layer."""
+        return (
+            self.cos[positions].unsqueeze(1).to(dtype),
+            self.sin[positions].unsqueeze(1).to(dtype),
+        )
+
     def forward(
         self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """q, k: [tokens, heads, head_dim]."""
-        cos = self.cos[positions].unsqueeze(1).to(q.dtype)
-        sin = self.sin[positions].unsqueeze(1).to(q.dtype)
-        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+        return rotate(self.at(positions, q.dtype), q, k)
+
+
+def rotate(rope: Rope, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """q, k: [tokens, heads, head_dim], rotated by `RotaryEmbedding.at`'s cos and sin."""
+    cos, sin = rope
+    return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:

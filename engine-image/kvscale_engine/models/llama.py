@@ -7,15 +7,18 @@ sequence's context through the paged KV cache.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from kvscale_engine.layers.attention import AttentionMetadata, PagedAttention
-from kvscale_engine.layers.rotary import RotaryEmbedding
+from kvscale_engine.layers.rotary import Rope, RotaryEmbedding, rotate
 from kvscale_engine.model_config import ModelConfig
 
 KVCache = tuple[torch.Tensor, torch.Tensor]
+Fuse = Callable[[Sequence[nn.Linear]], nn.Module]  # linears reading one input -> one module
 
 
 class RMSNorm(nn.Module):
@@ -32,7 +35,7 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig, rotary: RotaryEmbedding) -> None:
+    def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.heads, self.kv_heads, self.head_dim = (
             cfg.num_attention_heads,
@@ -44,16 +47,26 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(cfg.hidden_size, self.kv_heads * self.head_dim, bias=bias)
         self.v_proj = nn.Linear(cfg.hidden_size, self.kv_heads * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(self.heads * self.head_dim, cfg.hidden_size, bias=o_bias)
-        self.rotary = rotary
         self.attn = PagedAttention(self.heads, self.kv_heads, self.head_dim)
+        self.qkv_proj: nn.Module | None = None  # set by fuse()
+
+    def fuse(self, make: Fuse) -> None:
+        """q, k and v as one projection over their concatenated weights (made by `make`)."""
+        self.qkv_proj = make([self.q_proj, self.k_proj, self.v_proj])
+        del self.q_proj, self.k_proj, self.v_proj
 
     def forward(
-        self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache, meta: AttentionMetadata
+        self, x: torch.Tensor, rope: Rope, cache: KVCache, meta: AttentionMetadata
     ) -> torch.Tensor:
-        q = self.q_proj(x).view(-1, self.heads, self.head_dim)
-        k = self.k_proj(x).view(-1, self.kv_heads, self.head_dim)
-        v = self.v_proj(x).view(-1, self.kv_heads, self.head_dim)
-        q, k = self.rotary(positions, q, k)
+        if self.qkv_proj is not None:
+            sizes = (self.heads * self.head_dim, *(2 * [self.kv_heads * self.head_dim]))
+            q, k, v = self.qkv_proj(x).split(sizes, dim=-1)
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q = q.view(-1, self.heads, self.head_dim)
+        k = k.view(-1, self.kv_heads, self.head_dim)
+        v = v.view(-1, self.kv_heads, self.head_dim)
+        q, k = rotate(rope, q, k)
         o = self.attn(q, k, v, cache, meta)
         out: torch.Tensor = self.o_proj(o.reshape(-1, self.heads * self.head_dim))
         return out
@@ -65,24 +78,34 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
         self.up_proj = nn.Linear(hidden, intermediate, bias=False)
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+        self.gate_up_proj: nn.Module | None = None  # set by fuse()
+
+    def fuse(self, make: Fuse) -> None:
+        """gate and up as one projection over their concatenated weights (made by `make`)."""
+        self.gate_up_proj = make([self.gate_proj, self.up_proj])
+        del self.gate_proj, self.up_proj
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        if self.gate_up_proj is not None:
+            gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        else:
+            gate, up = self.gate_proj(x), self.up_proj(x)
+        out: torch.Tensor = self.down_proj(F.silu(gate) * up)
         return out
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, rotary: RotaryEmbedding) -> None:
+    def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = Attention(cfg, rotary)
+        self.self_attn = Attention(cfg)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size)
 
     def forward(
-        self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache, meta: AttentionMetadata
+        self, x: torch.Tensor, rope: Rope, cache: KVCache, meta: AttentionMetadata
     ) -> torch.Tensor:
-        h: torch.Tensor = x + self.self_attn(self.input_layernorm(x), positions, cache, meta)
+        h: torch.Tensor = x + self.self_attn(self.input_layernorm(x), rope, cache, meta)
         out: torch.Tensor = h + self.mlp(self.post_attention_layernorm(h))
         return out
 
@@ -90,9 +113,9 @@ class DecoderLayer(nn.Module):
 class LlamaModel(nn.Module):
     def __init__(self, cfg: ModelConfig, max_positions: int) -> None:
         super().__init__()
-        rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, max_positions, cfg.rope_scaling)
+        self.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, max_positions, cfg.rope_scaling)
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, rotary) for _ in range(cfg.num_hidden_layers))
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def forward(
@@ -103,8 +126,9 @@ class LlamaModel(nn.Module):
         meta: AttentionMetadata,
     ) -> torch.Tensor:
         x = self.embed_tokens(input_ids)
+        rope = self.rotary.at(positions, x.dtype)  # once a step, not once a layer
         for layer, cache in zip(self.layers, caches, strict=True):
-            x = layer(x, positions, cache, meta)
+            x = layer(x, rope, cache, meta)
         return self.norm(x)  # type: ignore[no-any-return]
 
 
@@ -124,6 +148,12 @@ class LlamaForCausalLM(nn.Module):
         meta: AttentionMetadata,
     ) -> torch.Tensor:
         return self.model(input_ids, positions, caches, meta)  # type: ignore[no-any-return]
+
+    def fuse_projections(self, make: Fuse) -> None:
+        """Each layer's q/k/v and gate/up as one projection apiece (after the weights loaded)."""
+        for module in self.modules():
+            if isinstance(module, (Attention, MLP)):
+                module.fuse(make)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.config.tie_word_embeddings:
