@@ -93,7 +93,7 @@ FULL: dict[str, Any] = {
     "poisson_requests": 30, "prompt_median": 128, "output_mean": 128, "output_cap": 512,
     "prefix": {"requests": 48, "prefix_len": 512, "suffix_len": 32, "output": 64, "in_flight": 16},
     "heavy": {"requests": 32, "long": 3, "long_output": 2000, "in_flight": 16},
-    "warmup": {"requests": 16, "in_flight": 8, "output": 32},
+    "warmup": {"requests": 16, "in_flight": 8, "output": 32}, "rounds": 2,
 }  # fmt: skip
 QUICK: dict[str, Any] = {
     "arch": "llama-tiny", "sizes": VLLM_CPU_SIZES, "max_model_len": 1024, "kv_gib": 1,
@@ -101,8 +101,9 @@ QUICK: dict[str, Any] = {
     "poisson_requests": 6, "prompt_median": 32, "output_mean": 16, "output_cap": 32,
     "prefix": {"requests": 8, "prefix_len": 64, "suffix_len": 8, "output": 8, "in_flight": 4},
     "heavy": {"requests": 6, "long": 1, "long_output": 128, "in_flight": 4},
-    "warmup": {"requests": 4, "in_flight": 4, "output": 8},
+    "warmup": {"requests": 4, "in_flight": 4, "output": 8}, "rounds": 1,
 }  # fmt: skip
+MEANS = ("output_tok_s", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "itl_mean_ms")
 
 
 @dataclass(frozen=True)
@@ -127,12 +128,23 @@ def run(quick: bool = False) -> dict[str, Any]:
     vllm_args = [f"--max-model-len={p['max_model_len']}", "--enforce-eager", "--dtype=float32",
                  "--enable-prefix-caching"]  # fmt: skip
     vllm_env = {"VLLM_CPU_KVCACHE_SPACE": str(p["kv_gib"]), "OMP_NUM_THREADS": str(THREADS)}
+    rounds = int(p["rounds"])
+    runs: dict[str, list[dict[str, Any]]] = {"kvscale": [], "vllm": []}
     with tempfile.TemporaryDirectory() as tmp:
         model = write_tiny_checkpoint(Path(tmp), seed=0, **shape)
-        with engine_process(model, *engine_args, torch_threads=THREADS) as server:
-            ours = _measure(server, warmup, loads)
-        with vllm_process(venv, model, *vllm_args, env=vllm_env) as server:
-            theirs = _measure(server, warmup, loads)
+        # kvscale, vLLM x rounds, kvscale again: with 2 rounds the order is ABBA, so a drift in
+        # the machine's speed over the run weighs on both servers alike
+        for name, passes in (("kvscale", 1), ("vllm", rounds), ("kvscale", rounds - 1)):
+            if not passes:
+                continue
+            server_cm = (
+                engine_process(model, *engine_args, torch_threads=THREADS)
+                if name == "kvscale"
+                else vllm_process(venv, model, *vllm_args, env=vllm_env)
+            )
+            with server_cm as server:
+                runs[name] += _measure(server, warmup, loads, passes)
+    ours, theirs = _combined(runs["kvscale"]), _combined(runs["vllm"])
     ratios = {
         name: round(ours[name]["output_tok_s"] / theirs[name]["output_tok_s"], 3) for name in ours
     }
@@ -141,6 +153,8 @@ def run(quick: bool = False) -> dict[str, Any]:
         "targets": _targets(p, ratios, ours, theirs),
         "kvscale": ours,
         "vllm": theirs,
+        "rounds": rounds,
+        "order": "kvscale, vLLM, vLLM, kvscale" if rounds == 2 else f"{rounds} rounds",
         "versions": {"kvscale": _kvscale_version(), "vllm": _vllm_version(venv)},
         "settings": {
             "kvscale": {
@@ -165,11 +179,13 @@ def run(quick: bool = False) -> dict[str, Any]:
 
 
 _NOTES = (
-    "one client (kvscale loadtest's) over HTTP; kvscale engine first, then vLLM, same requests "
-    "in the same order; warm-up run excluded; output tok/s = output tokens / wall time from the "
-    "first send to the last token; ITL pools every gap between streamed tokens; preemptions are "
-    "the change of vllm:num_preemptions_total over the run; peak RSS samples the server's "
-    "process tree every 0.2 s (shared pages count once per process)"
+    "one client (kvscale loadtest's) over HTTP; with 2 rounds the servers run kvscale, vLLM, "
+    "vLLM, kvscale (ABBA), same requests in the same order, and each figure is the mean of a "
+    "server's two runs (runs_output_tok_s lists both); warm-up run excluded; output tok/s = "
+    "output tokens / wall time from the first send to the last token; ITL pools every gap "
+    "between streamed tokens; preemptions are the change of vllm:num_preemptions_total over the "
+    "run; peak RSS samples the server's process tree every 0.2 s (shared pages count once "
+    "per process)"
 )
 
 
@@ -234,9 +250,35 @@ def _request(index: int, prompt: list[int], output: int) -> PlannedRequest:
     return PlannedRequest(index, 0.0, prompt, len(prompt), output, None)
 
 
-def _measure(server: EngineProcess, warmup: Load, loads: list[Load]) -> dict[str, Any]:
+def _measure(
+    server: EngineProcess, warmup: Load, loads: list[Load], passes: int = 1
+) -> list[dict[str, Any]]:
+    """The warm-up (not counted), then every load in order, `passes` times over."""
     _run_load(server, warmup)
-    return {load.name: _run_load(server, load) for load in loads}
+    return [{load.name: _run_load(server, load) for load in loads} for _ in range(passes)]
+
+
+def _combined(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per load: each run's figures under `runs`; latencies and tok/s are the runs' means, peak
+    RSS their maximum, completed requests and preemptions their sums."""
+    out: dict[str, Any] = {}
+    for name in runs[0]:
+        each = [r[name] for r in runs]
+        merged = dict(each[0])
+        for key in MEANS:
+            values = [e[key] for e in each if e[key] is not None]
+            merged[key] = round(float(np.mean(values)), 2) if values else None
+        merged["requests"] = sum(e["requests"] for e in each)
+        merged["completed"] = sum(e["completed"] for e in each)
+        merged["seconds"] = round(sum(e["seconds"] for e in each), 2)
+        merged["output_tokens"] = sum(e["output_tokens"] for e in each)
+        pre = [e["preemptions"] for e in each]
+        merged["preemptions"] = None if None in pre else sum(pre)
+        merged["peak_rss_mib"] = max(e["peak_rss_mib"] for e in each)
+        merged["load_average_1m"] = [e["load_average_1m"] for e in each]
+        merged["runs_output_tok_s"] = [e["output_tok_s"] for e in each]
+        out[name] = merged
+    return out
 
 
 def _run_load(server: EngineProcess, load: Load) -> dict[str, Any]:
