@@ -51,8 +51,9 @@ def test_built_once_per_source_into_the_cache(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("KVSCALE_KERNEL_CACHE", str(tmp_path))
+    (tmp_path / "cpu_decode-0123456789abcdef.so").write_bytes(b"an older source's build")
     assert cpu_decode.load() is not None
-    built = list(tmp_path.glob("cpu_decode-*.so"))
+    built = list(tmp_path.glob("cpu_decode-*.so"))  # and the older one is gone
     assert len(built) == 1 and not list(tmp_path.glob("tmp*")), list(tmp_path.iterdir())
     stamp = built[0].stat().st_mtime_ns
     assert cpu_decode.load() is not None

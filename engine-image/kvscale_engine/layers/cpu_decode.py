@@ -8,7 +8,7 @@ kernel in paged_decode.py, with the same arguments).
 The shared library is compiled on first use with `-O3 -march=native -ffast-math` into a cache
 keyed by the source, the flags and the CPU (KVSCALE_KERNEL_CACHE, else ~/.cache/kvscale/kernels,
 else the temp folder when home is read-only), and moved into place by rename, so concurrent
-processes agree.
+processes agree; builds of older sources are removed then.
 `load()` returns None when no compiler is there, and the model runner keeps the reference
 decode, saying why.
 """
@@ -121,6 +121,9 @@ def _build(cc: str, path: Path) -> None:
                     [cc, *LINK, str(obj), "-o", str(lib), "-lm"]):  # fmt: skip
             subprocess.run(cmd, check=True, capture_output=True, text=True)
         os.replace(lib, path)
+    for stale in path.parent.glob("cpu_decode-*.so"):  # older sources' builds
+        if stale != path:
+            stale.unlink(missing_ok=True)
 
 
 def _key(cc: str) -> str:
