@@ -39,18 +39,37 @@ packed_linear.py`: 32 in flight 29-45 ms against 62-92 ms a step), the block-wis
 fusing q/k/v and gate/up into one GEMM each (no consistent gain over packed weights), and
 torch.compile (compiling a graph per batch-size bucket takes minutes on this machine).
 
-What two full runs showed (engine code of 1fc7e0b; load average 4-9 and 2-7 from other jobs;
-the second is in bench/results/engine_vs_vllm.json): kvscale / vLLM output tok/s 0.60x and 0.52x
-at 1 in flight, 1.02x and 0.69x at 8, 0.82x and 0.58x at 32, 0.52x and 0.60x at 64, 0.53x and
-0.48x at 128; shared prefix 0.35x and 0.34x, heavy tail 0.32x and 0.64x. vLLM still leads at
-every load but one, and its ITL p50 at 1 in flight is about half the engine's (7 ms against 14).
-The engine serves long contexts and shared prefixes far slower than vLLM over HTTP, while
-offline its decode step at 16 x 560 tokens took 23 ms against an ITL p50 of 83 ms through the
-server: the next levers are a decode attention
-that reads K/V in place (vLLM's CPU paged attention does) and the engine loop in its own process
-(vLLM's API server and engine core are two processes on two cores). The block-wise gather for
-prefill chunks after a cached prefix did not pay (16 prefix-hit prefills of 32 tokens after a
-1,024-token prefix: 302-735 ms against 305-450 ms side by side) and was reverted.
+What two full runs showed before the levers below (engine code of 1fc7e0b; load average 4-9 and
+2-7 from other jobs): kvscale / vLLM output tok/s 0.60x and 0.52x at 1 in flight, 1.02x and
+0.69x at 8, 0.82x and 0.58x at 32, 0.52x and 0.60x at 64, 0.53x and 0.48x at 128; shared prefix
+0.35x and 0.34x, heavy tail 0.32x and 0.64x. The block-wise gather for prefill chunks after a
+cached prefix did not pay (16 prefix-hit prefills of 32 tokens after a 1,024-token prefix:
+302-735 ms against 305-450 ms side by side) and was reverted.
+
+Then (2026-12-02, quiet machine, py-spy over the served engine at 32 in flight: the engine
+thread was busy 96% of the time, the event loop 3%, so the server was not the bottleneck; the
+decode attention was, then the GEMMs' fixed cost at low batch):
+- a decode attention in C that reads K/V in place through the block tables (`layers/
+  cpu_decode.c`, the default on a CPU in fp32): 2.5 -> 0.7 ms a layer at 32 x 150-400 tokens;
+  then a prefetch of the next scattered block and compiled copies for common head shapes,
+  3.5 -> 1.4 ms a layer at 64 x 150-500 tokens. Offline, closed 32 in flight 607 -> 750 tok/s;
+- q/k/v and gate/up as one packed GEMM each, rotary cos/sin once a step: a decode step 5.6 ->
+  4.9 ms at 1 sequence, 18.7 -> 17.9 ms at 32 (three alternating rounds, offline);
+- not taken: one task per sequence instead of per (sequence, KV head), to read each block's
+  rows in order (no gain A/B); moving the engine loop into its own process (at most the 4%
+  idle gap py-spy showed, for a large change).
+A first full run after the first two levers, one pass per server, gave the engine 107 tok/s at 1
+in flight where a rerun minutes later gave 160: the machine drifts, so the benchmark now runs
+two rounds in ABBA order (kvscale, vLLM, vLLM, kvscale) and reports each server's mean.
+
+The run in bench/results/engine_vs_vllm.json (553ed29, ABBA, load average 0.3-2): kvscale / vLLM
+output tok/s **1.10x at 1 in flight**, 0.94x at 8, 0.88x at 32, 0.95x at 64, 0.85x at 128;
+Poisson 0.5 / 1 / 2 req/s 1.00x / 1.00x / 0.97x (the offered load, both keep up); shared prefix
+0.82x, heavy tail 0.89x. ITL p50 at 0.5 req/s 7.58 ms against 7.45 ms, and at 1 req/s 7.17
+against 7.37. Where vLLM still leads clearly is the first token: TTFT p99 119 vs 82 ms, 98 vs 64
+ms and 232 vs 122 ms at the three Poisson rates, and 1.6 s vs 1.1 s at 32 in flight: prefill
+is the next thing to profile. Targets met: 1 in flight only (>= 0.9x); not met: >= 1.0x at 32
+and 64, ITL p50 and TTFT p99 no worse than vLLM's.
 
 `--quick` runs a few small loads on `llama-tiny` widened to head_dim 64 (vLLM's CPU attention
 needs it); its smoke test lives in the e2e tier (e2e/tests/test_bench_vllm.py), the
