@@ -4,17 +4,23 @@ decode (gathered SDPA) on the same cache, and the engine that picks it by defaul
 from __future__ import annotations
 
 import functools
-import random
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
-from engine_helpers import GREEDY, HFReference, assert_matches_hf, random_prompts, run_to_completion
+from engine_helpers import (
+    GREEDY,
+    HFReference,
+    assert_decode_matches_reference,
+    assert_matches_hf,
+    random_prompts,
+    run_to_completion,
+)
 
 from kvscale_engine.engine.llm_engine import LLMEngine
 from kvscale_engine.layers import cpu_decode
-from kvscale_engine.layers.attention import PagedAttention, SeqSpan, build_metadata
+from kvscale_engine.layers.attention import PagedAttention
 
 KV_HEADS = 2
 RAGGED = [1, 2, 15, 16, 17, 31, 32, 33, 70, 300]  # ends mid-block, on a block edge, one token
@@ -114,29 +120,4 @@ def _compare(
     head_dim: int,
     window: int | None,
 ) -> None:
-    torch.manual_seed(0)
-    rng = random.Random(block_size * 10 + group)
-    need = [-(-n // block_size) for n in lens]
-    num_blocks = sum(need) + 3
-    free = list(range(num_blocks))
-    rng.shuffle(free)  # scattered, out-of-order blocks
-    tables = [[free.pop() for _ in range(n)] for n in need]
-    spans = [SeqSpan(n - 1, 1, t) for n, t in zip(lens, tables, strict=True)]
-    heads = KV_HEADS * group
-    shape = (num_blocks * block_size, KV_HEADS, head_dim)
-    k_cache, v_cache = torch.randn(shape), torch.randn(shape)
-    q = torch.randn(len(lens), heads, head_dim)
-    k = torch.randn(len(lens), KV_HEADS, head_dim)
-    v = torch.randn(len(lens), KV_HEADS, head_dim)
-    attn = PagedAttention(heads, KV_HEADS, head_dim)
-
-    ref_meta = build_metadata(spans, block_size, window, torch.device("cpu"))
-    ref_cache = (k_cache.clone(), v_cache.clone())
-    expected = attn(q, k, v, ref_cache, ref_meta)
-
-    meta = build_metadata(spans, block_size, window, torch.device("cpu"), paged_decode=True)
-    attn.decode_fn = functools.partial(kernel, block_size=block_size, window=window)
-    got = attn(q, k, v, (k_cache, v_cache), meta)
-
-    assert torch.equal(k_cache, ref_cache[0]) and torch.equal(v_cache, ref_cache[1])
-    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    assert_decode_matches_reference(kernel, lens, block_size, group, head_dim, window)

@@ -7,14 +7,19 @@ compiled on the GPU.
 
 from __future__ import annotations
 
-import functools
 import os
-import random
 from collections.abc import Callable
 
 import pytest
 import torch
-from engine_helpers import GREEDY, HFReference, assert_matches_hf, random_prompts, run_to_completion
+from engine_helpers import (
+    GREEDY,
+    HFReference,
+    assert_decode_matches_reference,
+    assert_matches_hf,
+    random_prompts,
+    run_to_completion,
+)
 
 DEVICE = torch.device(os.environ.get("KVSCALE_TEST_DEVICE", "cpu"))
 if DEVICE.type == "cpu":
@@ -22,7 +27,6 @@ if DEVICE.type == "cpu":
 
 from kvscale_engine.engine.llm_engine import LLMEngine  # noqa: E402
 from kvscale_engine.layers import paged_decode as kernel  # noqa: E402
-from kvscale_engine.layers.attention import PagedAttention, SeqSpan, build_metadata  # noqa: E402
 
 HEAD_DIM = 32
 KV_HEADS = 2
@@ -60,35 +64,10 @@ def _compare(
     dtype: torch.dtype,
     window: int | None,
 ) -> None:
-    torch.manual_seed(0)
-    rng = random.Random(block_size * 10 + group)
-    need = [-(-n // block_size) for n in lens]
-    num_blocks = sum(need) + 3
-    free = list(range(num_blocks))
-    rng.shuffle(free)  # scattered, out-of-order blocks
-    tables = [[free.pop() for _ in range(n)] for n in need]
-    spans = [SeqSpan(n - 1, 1, t) for n, t in zip(lens, tables, strict=True)]
-    heads = KV_HEADS * group
-    shape = (num_blocks * block_size, KV_HEADS, head_dim)
-    k_cache = torch.randn(shape, device=DEVICE).to(dtype)
-    v_cache = torch.randn(shape, device=DEVICE).to(dtype)
-    q = torch.randn(len(lens), heads, head_dim, device=DEVICE).to(dtype)
-    k = torch.randn(len(lens), KV_HEADS, head_dim, device=DEVICE).to(dtype)
-    v = torch.randn(len(lens), KV_HEADS, head_dim, device=DEVICE).to(dtype)
-    attn = PagedAttention(heads, KV_HEADS, head_dim)
-
-    ref_meta = build_metadata(spans, block_size, window, DEVICE)
-    ref_cache = (k_cache.clone(), v_cache.clone())
-    expected = attn(q, k, v, ref_cache, ref_meta)
-
-    meta = build_metadata(spans, block_size, window, DEVICE, paged_decode=True)
-    assert not meta.decode_groups and meta.decode_block_tables is not None
-    attn.decode_fn = functools.partial(kernel.paged_decode, block_size=block_size, window=window)
-    got = attn(q, k, v, (k_cache, v_cache), meta)
-
-    assert torch.equal(k_cache, ref_cache[0]) and torch.equal(v_cache, ref_cache[1])
-    tol = TOLERANCE[dtype]
-    torch.testing.assert_close(got.float(), expected.float(), atol=tol, rtol=tol)
+    assert_decode_matches_reference(
+        kernel.paged_decode, lens, block_size, group, head_dim, window, dtype, DEVICE,
+        TOLERANCE[dtype], KV_HEADS,
+    )  # fmt: skip
 
 
 def test_engine_with_the_kernel_matches_hf(
