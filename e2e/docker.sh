@@ -35,7 +35,7 @@ ensure_debian_image() {
     docker image inspect "$tag" >/dev/null 2>&1 && return 0
     command -v debootstrap >/dev/null || { docker_log "debootstrap not found: apt-get install debootstrap"; return 1; }
     local rootfs="$WORK/rootfs"
-    rm -rf "$rootfs"
+    rm -rf "$rootfs" && mkdir -p "$WORK"  # a fresh clone has no build/ folder yet
     docker_log "Bootstrapping Debian $suite ($packages) into $rootfs"
     debootstrap --variant=minbase --include="$packages" "$suite" "$rootfs" "$DEBIAN_MIRROR" \
         >"$WORK/debootstrap.log"
