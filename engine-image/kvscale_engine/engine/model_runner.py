@@ -54,7 +54,6 @@ class ModelRunner:
         if _use_flex(config, self.device):
             self._install_flex()
         self.decode_attention = self._install_decode_attention()
-        self.paged_decode = self.decode_attention != "reference"
         self.budget: MemoryBudget | None = None
         if config.num_kv_blocks is None:
             self.budget = self._measure_budget()
@@ -68,6 +67,11 @@ class ModelRunner:
         else:
             self.kv_caches = self._allocate_kv(self.num_kv_blocks)
         self.generator = torch.Generator(device=self.device).manual_seed(config.seed)
+
+    @property
+    def paged_decode(self) -> bool:
+        """Decodes read K/V through their block tables (a kernel), not a gathered copy."""
+        return self.decode_attention != "reference"
 
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> list[int]:

@@ -37,12 +37,6 @@ class RotaryEmbedding(nn.Module):
             self.sin[positions].unsqueeze(1).to(dtype),
         )
 
-    def forward(
-        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """q, k: [tokens, heads, head_dim]."""
-        return rotate(self.at(positions, q.dtype), q, k)
-
 
 def rotate(rope: Rope, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """q, k: [tokens, heads, head_dim], rotated by `RotaryEmbedding.at`'s cos and sin."""

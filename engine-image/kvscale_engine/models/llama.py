@@ -49,6 +49,8 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(self.heads * self.head_dim, cfg.hidden_size, bias=o_bias)
         self.attn = PagedAttention(self.heads, self.kv_heads, self.head_dim)
         self.qkv_proj: nn.Module | None = None  # set by fuse()
+        kv = self.kv_heads * self.head_dim
+        self.qkv_sizes = (self.heads * self.head_dim, kv, kv)  # qkv_proj's output, split
 
     def fuse(self, make: Fuse) -> None:
         """q, k and v as one projection over their concatenated weights (made by `make`)."""
@@ -59,8 +61,7 @@ class Attention(nn.Module):
         self, x: torch.Tensor, rope: Rope, cache: KVCache, meta: AttentionMetadata
     ) -> torch.Tensor:
         if self.qkv_proj is not None:
-            sizes = (self.heads * self.head_dim, *(2 * [self.kv_heads * self.head_dim]))
-            q, k, v = self.qkv_proj(x).split(sizes, dim=-1)
+            q, k, v = self.qkv_proj(x).split(self.qkv_sizes, dim=-1)
         else:
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         q = q.view(-1, self.heads, self.head_dim)
