@@ -1,9 +1,12 @@
 """What the tiers read back from the cluster: an LLMEndpoint's status and its conditions, a pod's
-readiness and its one container's status, and the address of an endpoint's Service."""
+readiness and its one container's status, and the address of an endpoint's Service and whether
+it takes connections yet."""
 
 from __future__ import annotations
 
+import socket
 from typing import Any
+from urllib.parse import urlsplit
 
 from kvscale.kube import Kube
 
@@ -39,3 +42,15 @@ def service_url(api: Kube, namespace: str, name: str, port: int = 8000) -> str:
     service = api.get("v1", "Service", namespace, name)
     assert service is not None, f"no Service {namespace}/{name}"
     return f"http://{service['spec']['clusterIP']}:{port}"
+
+
+def accepts_connections(url: str) -> bool:
+    """Whether `http://host:port` takes a TCP connection now. A Service's endpoints reach the
+    proxy a moment after its pods turn Ready (the EndpointSlice controller, then the proxy's
+    watch), as with kube-proxy; until then a ClusterIP refuses connections."""
+    parts = urlsplit(url)
+    try:
+        with socket.create_connection((parts.hostname, parts.port), timeout=3):
+            return True
+    except OSError:
+        return False

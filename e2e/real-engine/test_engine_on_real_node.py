@@ -25,7 +25,7 @@ from kvscale.kube import Kube
 from kvscale_cluster import real_node
 from kvscale_cluster.fixtures import Cluster, kubectl, wait_for
 from kvscale_cluster.install import install_kvscale, uninstall_kvscale
-from kvscale_cluster.reads import API, condition, container_status, ready, service_url, status
+from kvscale_cluster.reads import API, accepts_connections, condition, container_status, ready, service_url, status
 from kvscale_demo.load import Load
 
 NAME, MODEL = "chat", "tiny"
@@ -102,9 +102,9 @@ def engines(api: Kube, namespace: str) -> list[dict[str, Any]]:
 
 
 def complete(api: Kube, namespace: str, prompt: str) -> None:
-    client = openai.OpenAI(
-        base_url=f"{service_url(api, namespace, NAME)}/v1", api_key="-", max_retries=0
-    )
+    url = service_url(api, namespace, NAME)
+    wait_for(lambda: accepts_connections(url), 30, "the Service's endpoints at the proxy")
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="-", max_retries=0)
     out = client.completions.create(
         model=MODEL, prompt=prompt, max_tokens=8, extra_body={"ignore_eos": True}
     )

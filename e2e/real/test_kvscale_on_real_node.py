@@ -33,7 +33,7 @@ from kvscale.kube import Kube
 from kvscale_cluster import real_node
 from kvscale_cluster.fixtures import Cluster, kubectl, wait_for
 from kvscale_cluster.install import CRD_NAME, CRDS, ROOT, wait_established
-from kvscale_cluster.reads import condition, container_status, ready, service_url, status
+from kvscale_cluster.reads import accepts_connections, condition, container_status, ready, service_url, status
 from kvscale_demo.load import Load
 
 OVERLAY = ROOT / "e2e" / "real" / "operator"
@@ -152,9 +152,9 @@ def test_sample_becomes_available_and_serves_through_its_service(
         state = container_status(pod)
         assert state["containerID"].startswith("containerd://"), state
         assert "kvscale/router:" in state["image"], state["image"]
-    client = openai.OpenAI(
-        base_url=f"{service_url(api, namespace, NAME)}/v1", api_key="-", max_retries=0
-    )
+    url = service_url(api, namespace, NAME)
+    wait_for(lambda: accepts_connections(url), 30, "the Service's endpoints at the proxy")
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="-", max_retries=0)
     answer = client.completions.create(  # the sample's dummy model has no chat template
         model=MODEL, prompt="Hello from a real node", max_tokens=8, extra_body={"ignore_eos": True}
     )

@@ -155,7 +155,7 @@ def reconcile(
         desired=desired,
         selector=engine.selector_string(owner.name),
         url=client_url(owner),
-        seen=endpoint.Observed.read(deployment, pods),
+        seen=endpoint.Observed.read(deployment, pods, router=router_objs[-1]),
         problems=problems,
         old=old_status,
         now=now(),

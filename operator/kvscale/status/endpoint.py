@@ -31,7 +31,8 @@ class Problem:
 
 @dataclass(frozen=True)
 class Observed:
-    """The engine Deployment and its pods, as last read from the API server."""
+    """The engine Deployment and its pods, and the router Deployment's ready count, as last read
+    from the API server (`routers_ready` None: no router was observed, as in unit tests)."""
 
     replicas: int = 0
     ready: int = 0
@@ -41,11 +42,15 @@ class Observed:
     replica_failure: str | None = None
     unschedulable: list[str] = field(default_factory=list)
     failing: list[Problem] = field(default_factory=list)
+    routers_ready: int | None = None
 
     @classmethod
-    def read(cls, deployment: JSON | None, pods: Iterable[JSON] = ()) -> Observed:
+    def read(
+        cls, deployment: JSON | None, pods: Iterable[JSON] = (), router: JSON | None = None
+    ) -> Observed:
+        routers_ready = None if router is None else router.get("status", {}).get("readyReplicas", 0)
         if deployment is None:
-            return cls(rolled_out=False)
+            return cls(rolled_out=False, routers_ready=routers_ready)
         st = deployment.get("status", {})
         conds = {c["type"]: c for c in st.get("conditions", [])}
         progressing = conds.get("Progressing", {})
@@ -63,6 +68,7 @@ class Observed:
             replica_failure=failure.get("message") if failure.get("status") == "True" else None,
             unschedulable=unschedulable,
             failing=failing,
+            routers_ready=routers_ready,
         )
 
 
@@ -134,6 +140,15 @@ def conditions(desired: int, seen: Observed, problems: list[Problem]) -> list[Co
 def _available(desired: int, seen: Observed) -> Cond:
     if desired == 0 and seen.ready == 0:
         return Cond("Available", "False", "ScaledToZero", "The endpoint has no replicas")
+    if seen.ready > 0 and seen.routers_ready == 0:
+        # clients reach the endpoint through its routers' Service: without a Ready router it
+        # has no endpoint and refuses connections, however many engines are Ready
+        return Cond(
+            "Available",
+            "False",
+            "RouterNotReady",
+            f"{seen.ready} of {desired} ready, but no router replica is ready yet",
+        )
     if seen.ready > 0:
         return Cond("Available", "True", "ReplicasReady", f"{seen.ready} of {desired} ready")
     return Cond("Available", "False", "NoReplicasReady", f"0 of {desired} replicas are ready")

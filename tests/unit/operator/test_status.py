@@ -53,6 +53,19 @@ def test_scaling_up_is_progressing() -> None:
     assert cond(st, "Available")["status"] == "True"
 
 
+def test_engines_ready_without_a_ready_router_are_not_available() -> None:
+    # clients reach the endpoint through the routers' Service: none Ready, nothing answers
+    st = compute(2, endpoint.Observed.read(deployment(2, 2, 2), router=deployment(2, 0, 2)))
+    available = cond(st, "Available")
+    assert (available["status"], available["reason"]) == ("False", "RouterNotReady")
+    assert "2 of 2 ready" in available["message"]
+    assert cond(st, "Ready")["status"] == "False"
+    st = compute(2, endpoint.Observed.read(deployment(2, 2, 2), router=deployment(2, 1, 2)))
+    assert cond(st, "Available")["status"] == "True"
+    st = compute(2, endpoint.Observed.read(deployment(2, 0, 2), router=deployment(2, 1, 2)))
+    assert cond(st, "Available")["reason"] == "NoReplicasReady"
+
+
 def test_missing_deployment_is_not_available() -> None:
     st = compute(1, endpoint.Observed.read(None))
     assert cond(st, "Available")["reason"] == "NoReplicasReady"
