@@ -25,7 +25,15 @@ from kvscale.kube import Kube
 from kvscale_cluster import real_node
 from kvscale_cluster.fixtures import Cluster, kubectl, wait_for
 from kvscale_cluster.install import install_kvscale, uninstall_kvscale
-from kvscale_cluster.reads import API, accepts_connections, condition, container_status, ready, service_url, status
+from kvscale_cluster.reads import (
+    API,
+    accepts_connections,
+    condition,
+    container_status,
+    ready,
+    service_url,
+    status,
+)
 from kvscale_demo.load import Load
 
 NAME, MODEL = "chat", "tiny"

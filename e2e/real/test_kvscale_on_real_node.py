@@ -33,7 +33,14 @@ from kvscale.kube import Kube
 from kvscale_cluster import real_node
 from kvscale_cluster.fixtures import Cluster, kubectl, wait_for
 from kvscale_cluster.install import CRD_NAME, CRDS, ROOT, wait_established
-from kvscale_cluster.reads import accepts_connections, condition, container_status, ready, service_url, status
+from kvscale_cluster.reads import (
+    accepts_connections,
+    condition,
+    container_status,
+    ready,
+    service_url,
+    status,
+)
 from kvscale_demo.load import Load
 
 OVERLAY = ROOT / "e2e" / "real" / "operator"
