@@ -114,7 +114,12 @@ def run(quick: bool = False) -> dict[str, Any]:
                 ns = _namespace(api, "vs-kvscale")
                 url = versus.deploy_kvscale(api, ns, spec)
                 result = versus.replay(api, ns, url, "kvscale", phases, settle)
+                endpoint = api.get(
+                    f"/apis/kvscale.io/v1alpha1/namespaces/{ns}/llmendpoints/{versus.NAME}"
+                )
             figures["kvscale"], lines["kvscale"] = versus.measure(result), versus.timeline(result)
+            # why it scaled when it did: the operator's own account (status.decisions)
+            figures["kvscale"]["decisions"] = endpoint.get("status", {}).get("decisions", [])
             for name, tuning in TUNINGS.items():
                 ns = _namespace(api, f"vs-{name}")
                 url = versus.deploy_plain(api, ns, spec)
