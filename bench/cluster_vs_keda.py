@@ -39,9 +39,7 @@ PLOT = Path(__file__).parent / "results" / "cluster_vs_keda.png"
 SETTLE_S = 180.0
 TUNINGS = {
     "keda-guide": versus.KedaTuning(threshold=5, polling_s=30, scale_down_stabilization_s=300),
-    "keda-tuned": versus.KedaTuning(
-        threshold=2, polling_s=5, scale_down_stabilization_s=20, query=versus.QUEUED
-    ),
+    "keda-tuned": versus.KedaTuning(threshold=2, polling_s=5, scale_down_stabilization_s=20),
 }
 
 

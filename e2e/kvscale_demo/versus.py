@@ -5,8 +5,9 @@ Both runs serve the same engine Deployment (`chat-engine`, rendered by kvscale's
 through its router (Service `chat`), KEDA's through the engines' own Service (`chat-engine`),
 as its guides deploy vLLM. KEDA's ScaledObject scales the Deployment on the queue
 (`sum(vllm:num_requests_waiting{namespace=...})` from the cluster's Prometheus, an AverageValue
-target per replica), as the llm-d and KEDA guides publish it, or on that plus the engine's admission
-queue (`QUEUED`), which a user of kvscale's engine has to add. The same open-loop phases replay
+target per replica), as the llm-d and KEDA guides publish it (kvscale's engine counts the requests
+in its admission queue there too, as vLLM counts every accepted request that is not running). The
+same open-loop phases replay
 against each, every request is recorded (start, first token, end, error), and the Deployment is
 sampled every second; `measure` turns one run into the figures of the comparison.
 """
@@ -49,11 +50,8 @@ class Phase:
     seconds: float
 
 
-# the guides' query; on kvscale's engine it misses most of the queue: a request waits in the
-# server's admission queue (kvscale_engine_admission_queue_depth) before the scheduler sees it,
-# and vllm:num_requests_waiting counts the scheduler's waiting requests only
+# the guides' query
 WAITING = 'sum(vllm:num_requests_waiting{{namespace="{ns}"}})'
-QUEUED = WAITING + ' + sum(kvscale_engine_admission_queue_depth{{namespace="{ns}"}})'
 
 
 @dataclass(frozen=True)

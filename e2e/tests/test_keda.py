@@ -84,7 +84,7 @@ def test_keda_scales_up_and_down_and_its_scale_in_is_counted(
     # phases are scaled to this machine (the burst is 1.5x one replica's measured capacity)
     capacity = versus.calibrate(url)
     phases = versus.scaled((*PHASES, QUIET), capacity)
-    tuning = versus.KedaTuning(threshold=2, query=versus.QUEUED)
+    tuning = versus.KedaTuning(threshold=2)
     versus.add_scaled_object(kube_api, cluster, namespace, tuning)
     run = versus.replay(kube_api, namespace, url, "keda", phases, SETTLE_S)
     figures = versus.measure(run)

@@ -7,9 +7,14 @@ pods and its routing ConfigMap through the Kubernetes API. Locally: `--replicas 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import logging
 import os
+import signal
 import sys
 from pathlib import Path
+from types import FrameType
+from typing import Any
 
 import uvicorn
 
@@ -19,10 +24,11 @@ from kvscale_router.config import RouterConfig
 from kvscale_router.deferred import DeferralPolicy
 from kvscale_router.picker import POLICIES
 from kvscale_router.replicas import ReplicaSource
-from kvscale_router.server import create_app
+from kvscale_router.server import Shutdown, create_app
 from kvscale_router.static_source import StaticSource, parse_replicas
 
 ROUTER_PORT = 8080
+log = logging.getLogger("kvscale_router.cli")
 CLASSES_HELP = (
     'JSON: [{"name": "interactive", "priority": 10, "maxConcurrency": 64, "maxQueue": 128, '
     '"maxQueueWaitSeconds": 2}, {"name": "batch", "deadlineSeconds": 3600}, ...]; the first is '
@@ -74,8 +80,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--deferred-prior-tokens-per-second", type=float, default=10.0,
                    help="per-request decode rate assumed before deferred requests "
                    "completed")  # fmt: skip
+    p.add_argument("--shutdown-grace-seconds", type=float, default=5.0,
+                   help="after SIGTERM, how long the router still serves with /ready false and "
+                   "every response closing its connection, while the Service's endpoints and "
+                   "the clients' connection pools move to other routers")  # fmt: skip
     p.add_argument("--drain-seconds", type=float, default=30.0,
-                   help="on SIGTERM, how long in-flight requests may finish")  # fmt: skip
+                   help="then, how long in-flight requests may finish")  # fmt: skip
     p.add_argument("--keep-alive-seconds", type=float, default=KEEP_ALIVE_S,
                    help="an idle client connection is kept this long (longer than any "
                    "client's or load balancer's idle timeout, so a reused connection is never "
@@ -124,6 +134,30 @@ def router_config(args: argparse.Namespace) -> RouterConfig:
     )  # fmt: skip
 
 
+class GracefulServer(uvicorn.Server):
+    """On the first SIGTERM: shutdown starts (/ready false, connections closed after each
+    response) and the router serves on for `grace_s`; then uvicorn's graceful shutdown (no new
+    connections, in-flight requests finish within `timeout_graceful_shutdown`)."""
+
+    def __init__(self, config: uvicorn.Config, shutdown: Shutdown, grace_s: float) -> None:
+        super().__init__(config)
+        self.stopping, self.grace_s = shutdown, grace_s
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    async def serve(self, sockets: Any = None) -> None:
+        self._loop = asyncio.get_running_loop()
+        await super().serve(sockets)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if sig != signal.SIGTERM or self.stopping.started or self._loop is None:
+            super().handle_exit(sig, frame)
+            return
+        self.stopping.started = True
+        log.info("Received SIGTERM: serving for %.1f s more with /ready false", self.grace_s)
+        loop, stop = self._loop, super().handle_exit
+        loop.call_soon_threadsafe(lambda: loop.call_later(self.grace_s, stop, sig, frame))
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -133,7 +167,7 @@ def main(argv: list[str] | None = None) -> None:
     except (ValueError, ClassConfigError) as exc:
         parser.error(str(exc))
     app = create_app(config, source)
-    server = uvicorn.Server(
+    server = GracefulServer(
         uvicorn.Config(
             app, host=args.host, port=args.port, loop="uvloop", http="httptools",
             access_log=False, log_level=args.log_level,
@@ -141,7 +175,9 @@ def main(argv: list[str] | None = None) -> None:
             log_config=None if args.log_format == "json" else uvicorn.config.LOGGING_CONFIG,
             timeout_graceful_shutdown=int(args.drain_seconds),
             timeout_keep_alive=int(args.keep_alive_seconds),
-        )
+        ),
+        app.state.shutdown,
+        args.shutdown_grace_seconds,
     )  # fmt: skip
     server.run()
     sys.exit(0 if server.started else 1)

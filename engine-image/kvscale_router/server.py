@@ -2,7 +2,10 @@
 
 `create_app(config, source)` builds everything in the lifespan (no module-level state): the
 replica table, the source task that keeps it current, the picker, admission, the hold and one
-pooled HTTP client for the replicas.
+pooled HTTP client for the replicas. `app.state.shutdown` is set when the router is to go
+(SIGTERM, cli.py): from then /ready answers 503, so the Service stops sending new connections,
+and every response closes its connection, so clients holding one open in their pools reconnect,
+through the Service, to another router instead of losing a request to the close at exit.
 """
 
 from __future__ import annotations
@@ -12,13 +15,16 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 import aiohttp
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from kvscale_router import proxy
 from kvscale_router.admission import Admission
@@ -62,7 +68,36 @@ async def _follow(source: ReplicaSource, router: proxy.Router) -> None:
             await asyncio.sleep(1.0)
 
 
+@dataclass
+class Shutdown:
+    """Whether the router is on its way out (SIGTERM received)."""
+
+    started: bool = False
+
+
+class CloseWhenStopping:
+    """ASGI middleware: once shutdown has started, every response says `Connection: close`."""
+
+    def __init__(self, app: ASGIApp, shutdown: Shutdown) -> None:
+        self.app, self.shutdown = app, shutdown
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def sending(message: Message) -> None:
+            if message["type"] == "http.response.start" and self.shutdown.started:
+                headers = [*message.get("headers", []), (b"connection", b"close")]
+                message = {**message, "headers": headers}
+            await send(message)
+
+        await self.app(scope, receive, sending)
+
+
 def create_app(config: RouterConfig, source: ReplicaSource) -> Starlette:
+    shutdown = Shutdown()
+
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         # aiohttp, not httpx: its connection pool costs several times less CPU per request
@@ -98,11 +133,16 @@ def create_app(config: RouterConfig, source: ReplicaSource) -> Starlette:
         return JSONResponse({"status": "ok"})
 
     async def ready(request: Request) -> Response:
-        """Ready once the replicas were listed: with none, requests are held, not refused."""
+        """Ready once the replicas were listed (with none, requests are held, not refused) and
+        until shutdown starts."""
         router = router_of(request)
         synced = router.table.synced
-        body = {"synced": synced, "routable": len(router.table.routable())}
-        return JSONResponse(body, status_code=200 if synced else 503)
+        body = {
+            "synced": synced,
+            "routable": len(router.table.routable()),
+            "stopping": shutdown.started,
+        }
+        return JSONResponse(body, status_code=200 if synced and not shutdown.started else 503)
 
     async def metrics(request: Request) -> Response:
         router = router_of(request)
@@ -119,4 +159,10 @@ def create_app(config: RouterConfig, source: ReplicaSource) -> Starlette:
         Route("/ready", ready, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
     ]
-    return Starlette(routes=routes, lifespan=lifespan)
+    app = Starlette(
+        routes=routes,
+        lifespan=lifespan,
+        middleware=[Middleware(CloseWhenStopping, shutdown=shutdown)],
+    )
+    app.state.shutdown = shutdown
+    return app

@@ -53,7 +53,8 @@ def live_router(
     spec = ",".join(f"{name}={address}" for name, address in replicas.items())
     cmd = [
         sys.executable, "-m", "kvscale_router.cli", "--host", "127.0.0.1", "--port", str(port),
-        "--replicas", spec, "--weights-file", str(weights_path), *args,
+        "--replicas", spec, "--weights-file", str(weights_path),
+        "--shutdown-grace-seconds", "0", *args,  # a test's own value comes later and wins
     ]  # fmt: skip
     with running(cmd, url, log_path, "router", 60, stop_s=15, PYTHONUNBUFFERED="1") as process:
         yield LiveRouter(process, url, log_path, weights_path)

@@ -125,12 +125,18 @@ def test_full_class_is_refused_fast_and_queued_one_runs_later(server: LiveServer
     waiter = _Background(server, SHORT, "interactive")
     waiter.start()
     wait_for(lambda: _queued(server, "interactive"), 30, "the interactive request to queue")
+    # a request in the admission queue waits to be processed, as vLLM counts it (the long one runs)
+    interactive = {"traffic_class": "interactive", "deferrable": "false"}
+    assert _sample(server, "vllm:num_requests_waiting") == 1
+    assert _sample(server, "kvscale_engine_requests_waiting", **interactive) == 1
     second = _post(server, SHORT, "interactive")  # its queue holds one
     assert second.status_code == 429 and second.json()["error"]["code"] == "queue_full"
 
     holder.release()
     waiter.join(120)
     assert waiter.response is not None and waiter.response.status_code == 200, waiter.response
+    assert _sample(server, "vllm:num_requests_waiting") == 0
+    assert _sample(server, "kvscale_engine_requests_waiting", **interactive) == 0
     rejected = _sample(
         server,
         "kvscale_engine_admission_rejections_total",

@@ -11,7 +11,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 from server_fixtures import MODEL, LiveServer, live_server
 
-from kvscale_engine.server.metrics import version
+from kvscale_engine.server.metrics import EngineMetrics, StatsSnapshot, version
 
 CLASSES = '[{"name": "interactive", "priority": 10}, {"name": "batch", "priority": 0}]'
 TTFT = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
@@ -125,3 +125,27 @@ def test_values_follow_the_requests(families: dict[str, Metric]) -> None:
 def test_build_info_names_the_version(families: dict[str, Metric]) -> None:
     (sample,) = families["kvscale_engine_build_info"].samples
     assert sample.value == 1 and sample.labels["version"] == version()
+
+
+def test_waiting_counts_the_admission_queue_and_the_scheduler_by_class() -> None:
+    metrics = EngineMetrics(MODEL, 512, ["interactive", "batch"], deferrable=["batch"])
+
+    def waiting(cls: str | None = None) -> float:
+        families = text_string_to_metric_families(metrics.render().decode())
+        name = "kvscale_engine_requests_waiting" if cls else "vllm:num_requests_waiting"
+        found = [s.value for f in families for s in f.samples
+                 if s.name == name and s.labels.get("traffic_class", cls) == cls]  # fmt: skip
+        assert len(found) == 1, (name, cls, found)
+        return found[0]
+
+    def stats(waiting: int, by_class: dict[str, int]) -> StatsSnapshot:
+        return StatsSnapshot(0, waiting, 16, 16, 0.0, 0, 0, 0, 0, 0, waiting_by_class=by_class)
+
+    metrics.observe_stats(stats(2, {"interactive": 1, "batch": 1}))
+    metrics.set_admission_load("interactive", 3, 4)
+    assert waiting() == 5
+    assert (waiting("interactive"), waiting("batch")) == (4, 1)
+    metrics.observe_stats(stats(0, {}))  # the scheduler emptied; the queue still holds three
+    assert (waiting(), waiting("interactive"), waiting("batch")) == (3, 3, 0)
+    metrics.set_admission_load("interactive", 0, 4)
+    assert (waiting(), waiting("interactive"), waiting("batch")) == (0, 0, 0)

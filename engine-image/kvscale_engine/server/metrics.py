@@ -102,6 +102,12 @@ class EngineMetrics:
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self._labels = (model_name, engine)
+        # requests waiting to run, by class: in the scheduler (from the last stats) and in the
+        # admission queue (from the last refresh); the waiting gauges export their sums
+        self._scheduler_waiting = 0
+        self._scheduler_by_class: Mapping[str, int] = {}
+        self._admission_by_class: dict[str, int] = {}
+        self._waiting_classes: set[str] = set()  # every class whose gauge was set
         self._deferrable = frozenset(deferrable)
         self._last: StatsSnapshot | None = None
         tokens = build_1_2_5_buckets(max_model_len)
@@ -109,6 +115,8 @@ class EngineMetrics:
         self.running = gauge(
             "vllm:num_requests_running", "Number of requests in model execution batches."
         )
+        # vLLM counts every accepted request that is not running (it has no admission queue);
+        # here that is the scheduler's waiting requests plus the admission queue's
         self.waiting = gauge(
             "vllm:num_requests_waiting", "Number of requests waiting to be processed."
         )
@@ -198,8 +206,9 @@ class EngineMetrics:
         )  # fmt: skip
         self.class_waiting = gauge(
             PREFIX + "requests_waiting",
-            "Requests waiting in the scheduler by traffic class (deferred work preempted or "
-            "yielding to interactive requests included); vllm:num_requests_waiting is their sum.",
+            "Requests waiting to run by traffic class, in the admission queue or the scheduler "
+            "(deferred work preempted or yielding to interactive requests included); "
+            "vllm:num_requests_waiting is their sum.",
             "traffic_class", "deferrable",
         )  # fmt: skip
         self.build_info = Gauge(
@@ -256,7 +265,6 @@ class EngineMetrics:
         """Set gauges and advance counters by what changed since the last snapshot."""
         lab = self._labels
         self.running.labels(*lab).set(stats.num_running)
-        self.waiting.labels(*lab).set(stats.num_waiting)
         self.kv_usage.labels(*lab).set(stats.kv_cache_usage)
         self.kv_blocks_total.labels(*lab).set(stats.num_total_blocks)
         self.kv_blocks_free.labels(*lab).set(stats.num_free_blocks)
@@ -275,9 +283,23 @@ class EngineMetrics:
             delta = count - (last.preemptions_by_class.get(name, 0) if last else 0)
             if delta > 0:
                 self.class_preemptions.labels(*self._class(name)).inc(delta)
-        for name in {*stats.waiting_by_class, *(last.waiting_by_class if last else ())}:
-            self.class_waiting.labels(*self._class(name)).set(stats.waiting_by_class.get(name, 0))
         self._last = stats
+        self._scheduler_waiting = stats.num_waiting
+        self._scheduler_by_class = stats.waiting_by_class
+        self._set_waiting()
+
+    def _set_waiting(self) -> None:
+        """The waiting gauges: the scheduler's count plus the admission queue's, in total and
+        by class (a class no longer waiting anywhere is set back to 0)."""
+        admission = self._admission_by_class
+        self.waiting.labels(*self._labels).set(self._scheduler_waiting + sum(admission.values()))
+        by_class: dict[str, int] = {}
+        for counts in (self._scheduler_by_class, admission):
+            for name, count in counts.items():
+                by_class[name or "default"] = by_class.get(name or "default", 0) + count
+        self._waiting_classes |= by_class.keys()
+        for name in self._waiting_classes:
+            self.class_waiting.labels(*self._class(name)).set(by_class.get(name, 0))
 
     def _class(self, name: str) -> tuple[str, ...]:
         """The labels of a per-class series: model, engine, class, whether it is deferrable."""
@@ -309,6 +331,8 @@ class EngineMetrics:
     def set_admission_load(self, traffic_class: str, queued: int, in_flight: int) -> None:
         self.admission_queued.labels(*self._labels, traffic_class).set(queued)
         self.admission_in_flight.labels(*self._labels, traffic_class).set(in_flight)
+        self._admission_by_class[traffic_class] = queued
+        self._set_waiting()
 
     def set_ready(self, ready: bool) -> None:
         self.ready.labels(*self._labels).set(1.0 if ready else 0.0)

@@ -29,6 +29,9 @@ from kvscale.children.engine_args import ENGINE_PORT
 ROUTER_PORT = 8080
 ROUTER_COMMAND = "kvscale-router"
 ROUTER_DRAIN_SECONDS = 30
+# after SIGTERM the router serves this long with /ready false, closing each connection after its
+# response, before it stops accepting: the Service's endpoints and clients' pools move on first
+ROUTER_SHUTDOWN_GRACE_SECONDS = 5
 ROLE = "router"
 
 
@@ -62,6 +65,7 @@ def router_args(owner: Owner, spec: api.LLMEndpointSpec) -> list[str]:
         "--endpoint", owner.name, "--namespace", owner.namespace,
         "--port", str(ROUTER_PORT), "--engine-port", str(ENGINE_PORT),
         "--block-size", str(spec.engine.block_size),
+        "--shutdown-grace-seconds", str(ROUTER_SHUTDOWN_GRACE_SECONDS),
         "--drain-seconds", str(ROUTER_DRAIN_SECONDS),
     ]  # fmt: skip
     if spec.traffic_classes:
@@ -164,7 +168,9 @@ def router_deployment(
                             "serviceAccountName": router_name(owner.name),
                             "automountServiceAccountToken": True,  # it watches the API
                             "containers": [_container(owner, spec, images)],
-                            "terminationGracePeriodSeconds": ROUTER_DRAIN_SECONDS + 5,
+                            "terminationGracePeriodSeconds": ROUTER_SHUTDOWN_GRACE_SECONDS
+                            + ROUTER_DRAIN_SECONDS
+                            + 5,
                             "affinity": {
                                 "podAntiAffinity": {
                                     "preferredDuringSchedulingIgnoredDuringExecution": [spread]

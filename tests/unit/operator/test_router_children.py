@@ -107,6 +107,10 @@ def test_router_runs_the_router_image_whatever_the_engine_runs() -> None:
     assert pod["automountServiceAccountToken"] is True
     assert c["securityContext"]["readOnlyRootFilesystem"] is True
     assert c["readinessProbe"]["httpGet"]["path"] == "/ready"
+    # the kubelet's SIGKILL comes after the shutdown grace and the drain, not during them
+    stopping = float(args[args.index("--shutdown-grace-seconds") + 1])
+    stopping += float(args[args.index("--drain-seconds") + 1])
+    assert pod["terminationGracePeriodSeconds"] > stopping
     vllm = router.router_deployment(
         OWNER, spec(engine={"image": "vllm/vllm-openai:v0.6", "kind": "vllm"})
     )
