@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -118,3 +119,20 @@ def live_server(model_dir: Path, tmp_dir: Path, *args: str) -> Iterator[LiveServ
     env = {"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     with running(cmd, url, log_path, "server", 120, **env) as process:
         yield LiveServer(process, url, log_path, f"http://127.0.0.1:{admin_port}")
+
+
+def raw_get(sock: socket.socket, path: str) -> tuple[str, dict[str, str]]:
+    """One HTTP/1.1 GET on an open connection, its body read to the end (so the connection can
+    serve the next one): the status line and the headers, names lower-cased."""
+    sock.sendall(f"GET {path} HTTP/1.1\r\nHost: test\r\n\r\n".encode())
+    head = b""
+    while b"\r\n\r\n" not in head:
+        chunk = sock.recv(4096)
+        assert chunk, "the server closed the connection instead of answering"
+        head += chunk
+    raw, _, body = head.partition(b"\r\n\r\n")
+    status, *lines = raw.decode().split("\r\n")
+    headers = {k.lower(): v for k, _, v in (line.partition(": ") for line in lines)}
+    while len(body) < int(headers["content-length"]):
+        body += sock.recv(4096)
+    return status, headers

@@ -15,28 +15,9 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from router_fixtures import live_router
-from server_fixtures import live_server
+from server_fixtures import live_server, raw_get
 
 IDLE_S = 6.5  # past uvicorn's default (5 s) and httpx's keep-alive expiry (5 s)
-
-
-def _get(sock: socket.socket, path: str) -> bytes:
-    """One HTTP/1.1 GET on an open connection; the response's status line."""
-    sock.sendall(f"GET {path} HTTP/1.1\r\nHost: test\r\n\r\n".encode())
-    head = b""
-    while b"\r\n\r\n" not in head:
-        chunk = sock.recv(4096)
-        assert chunk, "the server closed the connection instead of answering"
-        head += chunk
-    headers, _, body = head.partition(b"\r\n\r\n")
-    length = next(
-        int(line.split(b":", 1)[1])
-        for line in headers.split(b"\r\n")
-        if line.lower().startswith(b"content-length:")
-    )
-    while len(body) < length:
-        body += sock.recv(4096)
-    return headers.split(b"\r\n", 1)[0]
 
 
 def _closed_by_peer(sock: socket.socket) -> bool:
@@ -54,10 +35,10 @@ def _closed_by_peer(sock: socket.socket) -> bool:
 def _assert_idle_connection_kept(url: str, path: str) -> None:
     parts = urlsplit(url)
     with socket.create_connection((parts.hostname, parts.port), timeout=30) as sock:
-        assert _get(sock, path).endswith(b"200 OK")
+        assert raw_get(sock, path)[0].endswith("200 OK")
         time.sleep(IDLE_S)
         assert not _closed_by_peer(sock), f"the server closed a connection idle for {IDLE_S} s"
-        assert _get(sock, path).endswith(b"200 OK")
+        assert raw_get(sock, path)[0].endswith("200 OK")
 
 
 def test_engine_keeps_idle_connections_longer_than_clients(llama_dir: Path, tmp_path: Path) -> None:
@@ -75,6 +56,6 @@ def test_a_short_keep_alive_is_still_honoured(tmp_path: Path) -> None:
     with live_router({"a": "http://127.0.0.1:9"}, tmp_path, "--keep-alive-seconds", "1") as router:
         parts = urlsplit(router.url)
         with socket.create_connection((parts.hostname, parts.port), timeout=30) as sock:
-            assert _get(sock, "/health").endswith(b"200 OK")
+            assert raw_get(sock, "/health")[0].endswith("200 OK")
             time.sleep(3)
             assert _closed_by_peer(sock)

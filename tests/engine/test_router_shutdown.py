@@ -16,23 +16,11 @@ from urllib.parse import urlsplit
 
 import httpx
 from router_fixtures import live_router
+from server_fixtures import raw_get
 
 from kvscale_cluster.wait import wait_for
 
 GRACE_S = 4.0
-
-
-def _get(sock: socket.socket, path: str) -> tuple[str, dict[str, str]]:
-    """One HTTP/1.1 GET on an open connection: its status line and headers (lower-cased)."""
-    sock.sendall(f"GET {path} HTTP/1.1\r\nHost: test\r\n\r\n".encode())
-    head = b""
-    while b"\r\n\r\n" not in head:
-        chunk = sock.recv(4096)
-        assert chunk, "the router closed the connection instead of answering"
-        head += chunk
-    lines = head.partition(b"\r\n\r\n")[0].decode().split("\r\n")
-    headers = dict(line.lower().split(": ", 1) for line in lines[1:])
-    return lines[0], headers
 
 
 def _ready(url: str) -> int:
@@ -44,14 +32,14 @@ def test_sigterm_closes_kept_alive_connections_then_exits(tmp_path: Path) -> Non
     with live_router({"a": "http://127.0.0.1:9"}, tmp_path, *grace) as router:
         parts = urlsplit(router.url)
         with socket.create_connection((parts.hostname, parts.port), timeout=30) as sock:
-            status, headers = _get(sock, "/health")
+            status, headers = raw_get(sock, "/health")
             assert status.endswith("200 OK") and headers.get("connection") != "close", headers
             router.process.send_signal(signal.SIGTERM)
             sent = time.monotonic()
             wait_for(lambda: _ready(router.url) == 503, 10, "/ready to answer 503")
             assert httpx.get(f"{router.url}/ready", timeout=5).json()["stopping"] is True
             # the pooled connection still gets its answer, told to reconnect elsewhere
-            status, headers = _get(sock, "/health")
+            status, headers = raw_get(sock, "/health")
             assert status.endswith("200 OK") and headers["connection"] == "close", headers
             sock.settimeout(10)
             assert sock.recv(1) == b"", "the router kept the connection open after `close`"
