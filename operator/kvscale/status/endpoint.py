@@ -166,6 +166,10 @@ def _progressing(desired: int, seen: Observed) -> Cond:
         return Cond(
             "Progressing", "True", "ScalingDown", f"{seen.replicas} running, {desired} wanted"
         )
+    if seen.routers_ready == 0:
+        # the engines are settled but nothing routes to them yet: still converging, so that
+        # kstatus never reads Current (Reconciling False) while Available is False for the router
+        return Cond("Progressing", "True", "RouterStarting", "No router replica is ready yet")
     return Cond("Progressing", "False", "Stable", f"All {desired} replicas ready and up to date")
 
 

@@ -2,6 +2,9 @@
 
 from typing import Any
 
+from hypothesis import given
+from hypothesis import strategies as st_
+
 from kvscale.reconcile import replica_event
 from kvscale.status import endpoint
 from kvscale.status.conditions import Cond, find, merge
@@ -60,10 +63,35 @@ def test_engines_ready_without_a_ready_router_are_not_available() -> None:
     assert (available["status"], available["reason"]) == ("False", "RouterNotReady")
     assert "2 of 2 ready" in available["message"]
     assert cond(st, "Ready")["status"] == "False"
+    # and still converging, so a GitOps tool does not read Current (Reconciling False) too early
+    assert (cond(st, "Progressing")["status"], cond(st, "Progressing")["reason"]) == (
+        "True",
+        "RouterStarting",
+    )
+    assert cond(st, "Reconciling")["status"] == "True"
     st = compute(2, endpoint.Observed.read(deployment(2, 2, 2), router=deployment(2, 1, 2)))
+    assert cond(st, "Progressing")["reason"] == "Stable"
     assert cond(st, "Available")["status"] == "True"
     st = compute(2, endpoint.Observed.read(deployment(2, 0, 2), router=deployment(2, 1, 2)))
     assert cond(st, "Available")["reason"] == "NoReplicasReady"
+
+
+@given(
+    desired=st_.integers(0, 3),
+    replicas=st_.integers(0, 4),
+    ready=st_.integers(0, 4),
+    updated=st_.integers(0, 4),
+    routers=st_.one_of(st_.none(), st_.integers(0, 2)),
+)
+def test_kstatus_reads_current_only_when_the_endpoint_answers(
+    desired: int, replicas: int, ready: int, updated: int, routers: int | None
+) -> None:
+    """What Flux and `kubectl wait` check: Reconciling and Stalled False means Ready True."""
+    router = None if routers is None else deployment(2, routers, 2)
+    seen = endpoint.Observed.read(deployment(replicas, min(ready, replicas), updated), router=router)
+    st = compute(desired, seen)
+    if cond(st, "Reconciling")["status"] == "False" and cond(st, "Stalled")["status"] == "False":
+        assert cond(st, "Ready")["status"] == "True", st["conditions"]
 
 
 def test_missing_deployment_is_not_available() -> None:
