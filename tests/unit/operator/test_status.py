@@ -88,7 +88,8 @@ def test_kstatus_reads_current_only_when_the_endpoint_answers(
 ) -> None:
     """What Flux and `kubectl wait` check: Reconciling and Stalled False means Ready True."""
     router = None if routers is None else deployment(2, routers, 2)
-    seen = endpoint.Observed.read(deployment(replicas, min(ready, replicas), updated), router=router)
+    engines = deployment(replicas, min(ready, replicas), updated)
+    seen = endpoint.Observed.read(engines, router=router)
     st = compute(desired, seen)
     if cond(st, "Reconciling")["status"] == "False" and cond(st, "Stalled")["status"] == "False":
         assert cond(st, "Ready")["status"] == "True", st["conditions"]
