@@ -42,23 +42,22 @@ def refusal(api: Kube, body: dict[str, Any]) -> str | None:
     return None
 
 
-@pytest.fixture
-def configure(cluster: Any, api: Kube, crd: None) -> Iterator[Configure]:
-    """Installs the policy, its binding and its ConfigMap from manifests/; `configure(**data)`
-    then sets the ConfigMap's data. Removed after the test (other tests mount any host path)."""
+@pytest.fixture(scope="module")
+def installed(cluster: Any, api: Kube, crd: None) -> Iterator[dict[str, Any]]:
+    """The policy, its binding and its ConfigMap from manifests/, installed once for the module
+    and removed after it (other tests mount any host path); yields the ConfigMap as rendered.
+
+    Once per module, not per test: after the policy and its binding were deleted and created
+    again, the API server once never saw the next change to the ConfigMap (120 s without
+    `/models` allowed), so the tests change only the ConfigMap's data between them."""
     rendered = kubectl(cluster, "kustomize", str(ROOT / "manifests")).stdout
     docs = [d for d in yaml.safe_load_all(rendered) if d["kind"] in KINDS]
     assert {d["kind"] for d in docs} == set(KINDS)
     kubectl(cluster, "apply", "--server-side", "-f", "-", stdin=yaml.safe_dump_all(docs))
-
-    def apply_data(**data: str) -> None:
-        patch = json.dumps({"data": data})
-        kubectl(cluster, "-n", CONFIG[0], "patch", "configmap", CONFIG[1], "-p", patch)
-
     try:
         probe = with_source("default", "/")
         wait_for(lambda: refusal(api, probe) is not None, timeout=120, what="the policy in force")
-        yield apply_data
+        yield next(d for d in docs if d["kind"] == "ConfigMap")
     finally:
         kubectl(cluster, "delete", "validatingadmissionpolicybinding", POLICY, "--ignore-not-found")
         kubectl(cluster, "delete", "validatingadmissionpolicy", POLICY, "--ignore-not-found")
@@ -68,6 +67,24 @@ def configure(cluster: Any, api: Kube, crd: None) -> Iterator[Configure]:
         # test's create failed so once, "no params found for policy binding with `Deny`")
         probe = with_source("default", "/")
         wait_for(lambda: refusal(api, probe) is None, timeout=120, what="the policy out of force")
+
+
+@pytest.fixture
+def configure(cluster: Any, api: Kube, installed: dict[str, Any]) -> Configure:
+    """The ConfigMap's data as manifests/ ship it, in force; `configure(**data)` then sets it."""
+    kubectl(cluster, "replace", "-f", "-", stdin=yaml.safe_dump(installed))
+    probe = with_source("default", "/")
+    wait_for(
+        lambda: "allows (none)" in (refusal(api, probe) or ""),
+        timeout=120,
+        what="the shipped ConfigMap in force (no host path allowed)",
+    )
+
+    def apply_data(**data: str) -> None:
+        patch = json.dumps({"data": data})
+        kubectl(cluster, "-n", CONFIG[0], "patch", "configmap", CONFIG[1], "-p", patch)
+
+    return apply_data
 
 
 def test_by_default_no_host_path_is_accepted(
