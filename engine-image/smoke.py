@@ -98,11 +98,15 @@ def smoke(image: str, router_image: str, work: Path) -> dict[str, Any]:
     engine, router = f"kvscale-smoke-engine-{os.getpid()}", f"kvscale-smoke-router-{os.getpid()}"
     out = described(image) | {"router_image": router_image_checks(router_image)}
     try:
-        docker("run", "-d", "--name", engine, "--network", "host",
-               "-v", f"{model}:/models/tiny:ro", image, "serve", "--model", "/models/tiny",
-               "--served-model-name", "tiny", "--host", "127.0.0.1", "--port", str(engine_port),
-               "--admin-port", str(admin_port), "--max-model-len", "512",
-               "--num-kv-blocks", "128")  # fmt: skip
+        # as the operator's pods run it: a read-only root with /tmp writable; and the CPU decode
+        # kernel required, so the image's compiler must build it there (else it fails to start)
+        docker("run", "-d", "--name", engine, "--network", "host", "--read-only",
+               "--tmpfs", "/tmp:exec", "-v", f"{model}:/models/tiny:ro", image, "serve",
+               "--model", "/models/tiny", "--served-model-name", "tiny", "--host", "127.0.0.1",
+               "--port", str(engine_port), "--admin-port", str(admin_port),
+               "--max-model-len", "512", "--num-kv-blocks", "128",
+               "--decode-attention", "cpu")  # fmt: skip
+        out["engine_run"] = {"read_only_root": True, "decode_attention": "cpu"}
         engine_url = f"http://127.0.0.1:{engine_port}"
         out["engine_ready_s"] = wait_ready(engine_url, engine)
         docker("run", "-d", "--name", router, "--network", "host", router_image,
