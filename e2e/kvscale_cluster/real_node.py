@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import subprocess
 import time
 from dataclasses import dataclass
@@ -394,16 +395,29 @@ def stop(root: Path, slot: int, pids: dict[str, int]) -> None:
         process.stop(pids["containerd"], grace=10.0)
     unmount_under(root)
     _remove_cgroup_root(slot)
+    _remove_content(root / "containerd" / "root")
+
+
+def _remove_content(store: Path) -> None:
+    """The node's images and snapshots (about 13 GB with the engine image unpacked; pytest keeps
+    its last three runs' folders), unless something is still mounted below them: removing
+    through a mount would reach what it mounts (a pod's host-path volume)."""
+    if not store.exists() or _mounts_under(store):
+        return
+    shutil.rmtree(store, ignore_errors=True)
 
 
 def unmount_under(root: Path) -> None:
     """Lazily unmount every mount point below ``root``, deepest first (pod volumes, rootfs
     overlays, network namespaces), so the folder can be removed."""
+    for point in sorted(set(_mounts_under(root)), key=len, reverse=True):
+        subprocess.run(["umount", "-l", point], capture_output=True, check=False)
+
+
+def _mounts_under(root: Path) -> list[str]:
     prefix = str(root.resolve()) + "/"
-    points = [
+    return [
         line.split()[4]
         for line in Path("/proc/self/mountinfo").read_text().splitlines()
         if line.split()[4].startswith(prefix)
     ]
-    for point in sorted(set(points), key=len, reverse=True):
-        subprocess.run(["umount", "-l", point], capture_output=True, check=False)
