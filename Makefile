@@ -101,12 +101,13 @@ real-node: k8s
 test-real: prereqs venv real-node
 	KVSCALE_K8S_BIN=$(K8S_BIN) KVSCALE_REAL_NODE_IMAGES=$(REAL_NODE_IMAGES) $(PYTEST) e2e/real
 
-# kvscale's engine image as containers on the real node (e2e/real-engine/): not in `make test`,
-# since the image is 5.9 GB (PyPI's torch brings its CUDA libraries) and ~12 GB in containerd
+# kvscale's engine image as containers on the real node (e2e/real-engine/), the last tier: the
+# image is 6.2 GB (PyPI's torch brings its CUDA libraries) and ~13 GB in containerd while it runs
 test-real-engine: prereqs venv real-node image
 	KVSCALE_K8S_BIN=$(K8S_BIN) KVSCALE_REAL_NODE_IMAGES=$(REAL_NODE_IMAGES) $(PYTEST) e2e/real-engine
 
-test: prereqs lint typecheck imports test-unit test-engine test-controlplane test-e2e test-real
+test: prereqs lint typecheck imports test-unit test-engine test-controlplane test-e2e test-real \
+	test-real-engine
 
 # a clean clone of HEAD in a fresh Debian 12 container runs FRESH_TARGETS (default: prereqs lint
 # typecheck imports test-unit test-engine); CI runs it after `make test`

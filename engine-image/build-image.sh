@@ -87,6 +87,11 @@ main() {
     [[ -n "$SOURCE" ]] || log "No SOURCE and no git remote origin: org.opencontainers.image.source is empty"
     local ctx=$WORK/context
     if [[ -z "$DRY_RUN" ]]; then
+        # one build at a time: CI builds the engine image beside the first tiers, and
+        # `make test-real-engine` (its `image` prerequisite) waits for it here
+        mkdir -p "$WORK"
+        exec 9>"$WORK/build.lock"
+        flock 9
         ensure_dockerd
         ensure_debootstrap_base
         [[ "${1:-}" == "--base-only" ]] && return 0
