@@ -20,6 +20,7 @@ import torch
 from kvscale_engine.config import EngineConfig
 from kvscale_engine.engine.cuda_graphs import GraphPlan, Replay, pad_decode
 from kvscale_engine.engine.device_memory import measure_peak, total_bytes
+from kvscale_engine.engine.host_allocator import keep_freed_buffers
 from kvscale_engine.engine.loader import load_model
 from kvscale_engine.engine.memory_budget import (
     MemoryBudget,
@@ -46,6 +47,8 @@ class ModelRunner:
         self.model_cfg = model_cfg
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
+        if self.device.type == "cpu":  # activations live in host memory: keep freed buffers
+            keep_freed_buffers()
         self.model = load_model(config, model_cfg, self.device, self.dtype)
         if can_pack(self.device, self.dtype):  # fp32 on the CPU: oneDNN's blocked weights
             self.model.fuse_projections(PackedLinear.fused)
