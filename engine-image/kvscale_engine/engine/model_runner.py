@@ -4,8 +4,9 @@ At start it loads the model, sizes the KV pool from the memory budget (device me
 the activation peak measured over a profiling pass) and allocates one flat K and V tensor per
 layer. Decodes run through the Triton paged-decode kernel on CUDA and, unless --enforce-eager,
 replay a CUDA graph per batch-size bucket (`cuda_graphs.py`, `graph_runner.py`); prefill and mixed
-steps run eager. The CPU keeps the reference attention, and in fp32 multiplies by weights that
-oneDNN reordered once at load (`layers/packed_linear.py`).
+steps run eager. On the CPU, fp32 decodes read K/V through the C kernel (`layers/cpu_decode.c`),
+the linears multiply by weights that oneDNN reordered once at load (`layers/packed_linear.py`),
+and glibc's malloc keeps the freed activations for the next step (`host_allocator.py`).
 """
 
 from __future__ import annotations
