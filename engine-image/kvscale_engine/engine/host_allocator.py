@@ -7,7 +7,7 @@ once more than twice the threshold lies free there. A CPU step allocates its act
 default each step touched fresh pages and took a page fault for each 4 KiB of them. Fixing the
 threshold at its maximum and raising the trim threshold keeps freed buffers in the heap for the
 next step. Measured side by side over HTTP on the 2-core bench machine (bench/engine_vs_vllm.py):
-32 in flight 883-951 -> 995-1004 output tok/s, 64 in flight 910-970 -> 994-995. vLLM's CPU
+32 in flight 883-951 -> 995-1005 output tok/s, 64 in flight 910-970 -> 994-998. vLLM's CPU
 backend preloads tcmalloc for the same reason. Buffers over 32 MiB (larger models' prefill) still
 come from mmap: glibc refuses a higher threshold.
 """
