@@ -82,10 +82,13 @@ switch interval (0.5 ms; mixed, within the rounds' spread); torch's THP allocati
 (`THP_MEM_ALLOC_ENABLE`); one decode-kernel task per sequence instead of per (sequence, KV head)
 with a cold cache (0.91 vs 0.64 ms a layer at 16 x 600). Where the time goes now: GEMMs run at
 oneDNN's speed, the same as vLLM's `onednn_mm` (timed side by side in vLLM's venv: 254 vs 260
-GFLOP/s at 64 rows, 264 vs 241 at 2,048); the decode attention reads K/V from DRAM at 14-19 GB/s
-against 40 GB/s for a sequential read, since each (block, KV head) is 16 rows of 256 bytes 512
-bytes apart; vLLM's CPU cache keeps each (block, KV head) contiguous. That layout is the next
-lever; it changes every attention path.
+GFLOP/s at 64 rows, 264 vs 241 at 2,048); the decode attention, timed in place, is 29-38% of a
+decode step at 64 x 200 and 16 x 560 and reads K/V at 14-19 GB/s against 40 GB/s for a sequential
+read (with a warm cache it runs twice as fast: it waits on DRAM). Not the layout: the same kernel
+over a block-major copy of the cache ([blocks, KV heads, block size, dim], each (block, KV head)
+contiguous, as vLLM's CPU cache keeps it) was 0-10% faster with a cold cache, measured while other
+jobs ran. What the kernel does per block (a horizontal sum per token and query head, a block's
+rows fetched one block ahead) is what to work on next.
 
 The run in bench/results/engine_vs_vllm.json (63aea9a, ABBA, load average 0.8-3.1, the run's own
 processes): kvscale / vLLM output tok/s 0.97x at 1 in flight, 0.89x at 8, **0.95x at 32**, 0.83x at
