@@ -86,9 +86,9 @@ GFLOP/s at 64 rows, 264 vs 241 at 2,048); the decode attention, timed in place, 
 decode step at 64 x 200 and 16 x 560 and reads K/V at 14-19 GB/s against 40 GB/s for a sequential
 read (with a warm cache it runs twice as fast: it waits on DRAM). Not the layout: the same kernel
 over a block-major copy of the cache ([blocks, KV heads, block size, dim], each (block, KV head)
-contiguous, as vLLM's CPU cache keeps it) was 0-10% faster with a cold cache, measured while other
-jobs ran. What the kernel does per block (a horizontal sum per token and query head, a block's
-rows fetched one block ahead) is what to work on next.
+contiguous, as vLLM's CPU cache keeps it) with a cold cache: 0-10% faster beside other jobs,
+-15% to +10% on a quiet machine. What the kernel does per block (a horizontal sum per token and
+query head, a block's rows fetched one block ahead) is what to work on next.
 
 The run in bench/results/engine_vs_vllm.json (63aea9a, ABBA, load average 0.8-3.1, the run's own
 processes): kvscale / vLLM output tok/s 0.97x at 1 in flight, 0.89x at 8, **0.95x at 32**, 0.83x at
