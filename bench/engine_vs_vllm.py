@@ -62,43 +62,37 @@ A first full run after the first two levers, one pass per server, gave the engin
 in flight where a rerun minutes later gave 160: the machine drifts, so the benchmark now runs
 two rounds in ABBA order (kvscale, vLLM, vLLM, kvscale) and reports each server's mean.
 
-The run before this one (553ed29, ABBA, load average 0.3-2): kvscale / vLLM output tok/s 1.10x
-at 1 in flight, 0.94x at 8, 0.88x at 32, 0.95x at 64, 0.85x at 128; Poisson 1.00 / 1.00 / 0.97x;
-shared prefix 0.82x, heavy tail 0.89x; TTFT p99 119 vs 82, 98 vs 64, 232 vs 122 ms at the three
-Poisson rates.
-
 Then (2026-12-03), the prefill step profiled: at 16 prompts x 128 tokens, torch.profiler put 25% of
 the step in elementwise `mul` and 7% in `silu` over 12 MiB activations, about 0.4 G elements/s:
 glibc gave each new buffer fresh pages (mmap, or heap memory it had trimmed back), so every step
-took a page fault per 4 KiB. `engine/host_allocator.py` keeps freed buffers in the heap (vLLM's
-CPU backend preloads tcmalloc for the same reason): a 2,048-token prefill step 640-825 -> 560-585
-ms offline; served, three rounds side by side, 32 in flight 883-951 -> 995-1005 output tok/s and
-64 in flight 910-970 -> 994-998. Measured and not taken (no gain beside it): in-place residual
-adds, SiLU-and-mul and rotary (prefill step 467/475 vs 475/463 ms); stepping the engine on its own
-thread back to back instead of one `run_in_executor` round trip a step (32 in flight 975/969 vs
-981/1004 tok/s, 64 in flight 1005/1021 vs 998/992; py-spy showed the event loop idle most of a
-closed-64 run, the engine thread in its GEMMs, 60%, and decode attention, 17%); a shorter GIL
-switch interval (0.5 ms; mixed, within the rounds' spread); torch's THP allocations
-(`THP_MEM_ALLOC_ENABLE`); one decode-kernel task per sequence instead of per (sequence, KV head)
-with a cold cache (0.91 vs 0.64 ms a layer at 16 x 600). Where the time goes now: GEMMs run at
-oneDNN's speed, the same as vLLM's `onednn_mm` (timed side by side in vLLM's venv: 254 vs 260
-GFLOP/s at 64 rows, 264 vs 241 at 2,048); the decode attention, timed in place, is 29-38% of a
-decode step at 64 x 200 and 16 x 560 and reads K/V at 14-19 GB/s against 40 GB/s for a sequential
-read (with a warm cache it runs twice as fast: it waits on DRAM). Not the layout: the same kernel
-over a block-major copy of the cache ([blocks, KV heads, block size, dim], each (block, KV head)
-contiguous, as vLLM's CPU cache keeps it) with a cold cache: 0-10% faster beside other jobs,
--15% to +10% on a quiet machine. What the kernel does per block (a horizontal sum per token and
-query head, a block's rows fetched one block ahead) is what to work on next.
+took a page fault per 4 KiB. `engine/host_allocator.py` keeps freed buffers in the heap (its
+docstring has the figures). Measured and not taken (no gain beside it): in-place residual adds,
+SiLU-and-mul and rotary (prefill step 467/475 vs 475/463 ms); stepping the engine on its own thread
+back to back instead of one `run_in_executor` round trip a step (32 in flight 975/969 vs 981/1004
+tok/s, 64 in flight 1005/1021 vs 998/992; py-spy showed the event loop idle most of a closed-64
+run, the engine thread in its GEMMs, 60%, and decode attention, 17%); a shorter GIL switch interval
+(0.5 ms; mixed, within the rounds' spread); torch's THP allocations (`THP_MEM_ALLOC_ENABLE`); one
+decode-kernel task per sequence instead of per (sequence, KV head) with a cold cache (0.91 vs 0.64
+ms a layer at 16 x 600). Where the time goes now: GEMMs run at oneDNN's speed, the same as vLLM's
+`onednn_mm` (timed side by side in vLLM's venv: 254 vs 260 GFLOP/s at 64 rows, 264 vs 241 at
+2,048); the decode attention, timed in place, is 29-38% of a decode step at 64 x 200 and 16 x 560
+and reads K/V at 14-19 GB/s against 40 GB/s for a sequential read (with a warm cache it runs twice
+as fast: it waits on DRAM). Not the layout: the same kernel over a block-major copy of the cache
+([blocks, KV heads, block size, dim], each (block, KV head) contiguous, as vLLM's CPU cache keeps
+it) with a cold cache: 0-10% faster beside other jobs, -15% to +10% on a quiet machine. What the
+kernel does per block (a horizontal sum per token and query head, a block's rows fetched one block
+ahead) is what to work on next.
 
-The run in bench/results/engine_vs_vllm.json (63aea9a, ABBA, load average 0.8-3.1, the run's own
-processes): kvscale / vLLM output tok/s 0.97x at 1 in flight, 0.89x at 8, **0.95x at 32**, 0.83x at
-64, 0.83x at 128; Poisson 0.5 / 1 / 2 req/s 1.00x / 1.00x / 0.99x (the offered load); shared prefix
-0.71x, heavy tail 0.85x. vLLM ran faster on this day's machine than on the last one (ITL p50 at 0.5
-req/s 5.12 against 7.45 ms, 64 in flight 1,147 against 843 tok/s), and more so than the engine: the
-engine gained at 32 in flight (0.88x -> 0.95x) and lost ground at 1 (1.10x -> 0.97x), 64 (0.95x ->
-0.83x) and shared prefix (0.82x -> 0.71x), where decode attention over long contexts weighs most
-(ITL p50 13.1 vs 9.6 ms there). ITL p50 at 0.5 req/s 5.71 vs 5.12 ms; TTFT p99 110 vs 65, 76 vs 50,
-157 vs 96 ms at the three Poisson rates. Targets met: 1 in flight (>= 0.9x) only.
+The run in bench/results/engine_vs_vllm.json (63aea9a; the one before, at 553ed29, is in
+docs/benchmarks.md; ABBA, load average 0.8-3.1, the run's own processes): kvscale / vLLM output
+tok/s 0.97x at 1 in flight, 0.89x at 8, **0.95x at 32**, 0.83x at 64, 0.83x at 128; Poisson 0.5 / 1
+/ 2 req/s 1.00x / 1.00x / 0.99x (the offered load); shared prefix 0.71x, heavy tail 0.85x. vLLM ran
+faster on this day's machine than on the last one (ITL p50 at 0.5 req/s 5.12 against 7.45 ms, 64 in
+flight 1,147 against 843 tok/s), and more so than the engine: the engine gained at 32 in flight
+(0.88x -> 0.95x) and lost ground at 1 (1.10x -> 0.97x), 64 (0.95x -> 0.83x) and shared prefix
+(0.82x -> 0.71x), where decode attention over long contexts weighs most (ITL p50 13.1 vs 9.6 ms
+there). ITL p50 at 0.5 req/s 5.71 vs 5.12 ms; TTFT p99 110 vs 65, 76 vs 50, 157 vs 96 ms at the
+three Poisson rates. Targets met: 1 in flight (>= 0.9x) only.
 
 `--quick` runs a few small loads on `llama-tiny` widened to head_dim 64 (vLLM's CPU attention
 needs it); its smoke test lives in the e2e tier (e2e/tests/test_bench_vllm.py), the
