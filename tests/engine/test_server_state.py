@@ -105,3 +105,30 @@ def test_a_drain_asked_for_while_loading_holds_once_loaded(
             await state.close()
 
     asyncio.run(scenario())
+
+
+def test_a_generation_teaches_admission_its_time_to_first_token(
+    make_engine: Callable[..., LLMEngine],
+) -> None:
+    """What the queue's deadline check adds to its predicted wait comes from served requests."""
+
+    async def scenario() -> None:
+        state = _state()
+        await state.load(make_engine())
+        try:
+            controller = state.queue.controller
+            assert controller.first_token_s == 0.0
+            admitted = await state.admit(None, 16)
+            gen = state.generate(admitted, [5, 6, 7], [PARAMS, PARAMS])
+            try:
+                async for _ in gen.events():
+                    pass
+            finally:
+                gen.close()
+            assert admitted.first_token_at is not None
+            assert 0.0 < controller.first_token_s <= admitted.first_token_at - admitted.arrival
+            assert controller.in_flight == 0
+        finally:
+            await state.close()
+
+    asyncio.run(scenario())

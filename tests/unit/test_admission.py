@@ -143,6 +143,26 @@ def test_predicted_wait_past_the_deadline_is_refused_at_once() -> None:
     assert verdict.retry_after_s == 3.0
 
 
+def test_the_time_from_a_slot_to_the_first_token_counts_against_the_wait() -> None:
+    # the same queue as above, but each request took 0.5 s from its slot to its first token:
+    # a predicted 1.5 s in the queue is a first token at 2 s, past 80% of the class's 2 s
+    ac = controller(1, warm=False)
+    ac.offer(0, INTERACTIVE, 0.0)
+    assert ac.first_token_s == 0.0  # nothing measured yet
+    ac.release(0, 1.5, first_token_at=0.5)
+    assert ac.first_token_s == pytest.approx(0.5)
+    ac.offer(1, INTERACTIVE, 2.0)
+    verdict = ac.offer(2, INTERACTIVE, 2.0)
+    assert (verdict.outcome, verdict.reason) == ("reject", "deadline")
+    assert verdict.retry_after_s == 2.0  # the queue's wait, rounded up
+    # a request that ended without a first token (aborted while prefilling) teaches nothing
+    ac.release(1, 3.0)
+    assert ac.first_token_s == pytest.approx(0.5)
+    # a batch class's long wait still queues
+    assert ac.offer(3, BATCH, 3.0).outcome == "admit"
+    assert ac.offer(4, BATCH, 3.0).outcome == "queue"
+
+
 def test_cancel_removes_a_queued_ticket_only() -> None:
     ac = controller(1)
     ac.offer(0, BATCH, 0.0)

@@ -6,7 +6,9 @@ Retry-After) keeps the p99 of the requests that are admitted inside the SLO and 
 client go elsewhere. The replica-wide concurrency limit is the number of requests whose KV cache
 fits in the budget at the expected length of a request (measured, not `max_model_len`: the
 engine's preemption absorbs the long tail); each class has its own limit, queue bound and maximum
-queue wait.
+queue wait. A request is queued only when its first token is predicted within that wait: the
+queue's predicted wait plus the measured time from a slot to a first token (a class's maximum
+wait is usually its TTFT SLO, and the prefill after the queue counts against it too).
 
 Pure logic: time is passed in, nothing here blocks or sleeps. Higher `priority` is served first,
 as in the LLMEndpoint spec and the engine's scheduler. A deferrable class (`deadlineSeconds`) ranks
@@ -104,8 +106,10 @@ class AdmissionController:
     classes: tuple[TrafficClass, ...]
     limit: int | None  # replica-wide concurrency; None: unlimited
     default_class: str = DEFAULT_CLASS_NAME
-    # queue only what is predicted to start within this share of its deadline: predictions are
-    # noisy, and a request that times out in the queue is refused late instead of fast
+    # queue only what is predicted to have its first token within this share of the class's
+    # maximum wait (the queue's predicted wait plus the measured time from a slot to a first
+    # token: the client waits for both): predictions are noisy, and a request that times out in
+    # the queue is refused late instead of fast
     headroom: float = 0.8
     draining: bool = False
     _by_name: dict[str, TrafficClass] = field(init=False)
@@ -116,6 +120,8 @@ class AdmissionController:
     _service: _Ewma = field(init=False, default_factory=_Ewma)
     # observed queue wait per position in the queue (what the predictor above actually delivered)
     _per_position: _Ewma = field(init=False, default_factory=lambda: _Ewma(alpha=0.2))
+    # from a slot to the first token: the part of a request's wait that comes after the queue
+    _first_token: _Ewma = field(init=False, default_factory=_Ewma)
 
     def __post_init__(self) -> None:
         if not self.classes:
@@ -152,7 +158,7 @@ class AdmissionController:
         retry = max(1.0, math.ceil(predicted))
         if len(queue) >= self._queue_bound(traffic_class):
             return Verdict("reject", "queue_full", retry)
-        if predicted > self.headroom * traffic_class.max_queue_wait_s:
+        if predicted + self.first_token_s > self.headroom * traffic_class.max_queue_wait_s:
             return Verdict("reject", "deadline", retry)
         queue.append(_Waiter(ticket, traffic_class, now, self._ahead(traffic_class) + 1))
         return Verdict("queue")
@@ -164,11 +170,14 @@ class AdmissionController:
         self.limit = limit
         return self.dispatch(now)
 
-    def release(self, ticket: int, now: float) -> list[int]:
-        """An admitted request finished; returns the queued tickets that may start now."""
+    def release(self, ticket: int, now: float, first_token_at: float | None = None) -> list[int]:
+        """An admitted request finished (its first token at `first_token_at`, if it had one);
+        returns the queued tickets that may start now."""
         running = self._running.pop(ticket)
         self._per_class[running.traffic_class.name] -= 1
         self._service.observe(now - running.admitted_at)
+        if first_token_at is not None:
+            self._first_token.observe(max(0.0, first_token_at - running.admitted_at))
         return self.dispatch(now)
 
     def cancel(self, ticket: int, timed_out_at: float | None = None) -> bool:
@@ -210,6 +219,11 @@ class AdmissionController:
             return 0.0
         per_position = max(mean / self._slots(traffic_class), self._per_position.mean_s or 0.0)
         return (self._ahead(traffic_class) + 1) * per_position
+
+    @property
+    def first_token_s(self) -> float:
+        """Mean time from a slot to the first token (0 before any request had one)."""
+        return self._first_token.mean_s or 0.0
 
     def _ahead(self, traffic_class: TrafficClass) -> int:
         rank = self._rank[traffic_class.name]

@@ -44,6 +44,7 @@ class Admitted:
     arrival: float
     released: bool = False
     used_tokens: int | None = None  # KV tokens its sequences reached, set when it ends
+    first_token_at: float | None = None  # when its first token came, if one did
 
 
 @dataclass(frozen=True)
@@ -140,7 +141,7 @@ class AdmissionQueue:
             return
         admitted.released = True
         now = time.monotonic()
-        self._wake(self.controller.release(admitted.ticket, now))
+        self._wake(self.controller.release(admitted.ticket, now, admitted.first_token_at))
         if self._footprint is not None and admitted.used_tokens is not None:
             self._footprint.used(admitted.used_tokens)
             self._retune(now)

@@ -75,6 +75,8 @@ class Generation:
         if out.new_token_ids:
             if track.first_token_at is None:
                 track.first_token_at = now
+                if self.admitted.first_token_at is None:
+                    self.admitted.first_token_at = now
                 cls = self.admitted.traffic_class.name
                 metrics.observe_first_token(now - self.admitted.arrival, cls)
             elif track.last_token_at is not None:
