@@ -17,8 +17,8 @@ simulator and the decide benchmark all hold one. The law:
   the throughput seen within the SLO, and not at all while a throughput at which the SLO broke
   lies below that; the decision's sentence names the source;
 - goes up at once when the endpoint is in trouble (queue growing, p99 TTFT above
-  `TTFT_EVIDENCE` of the SLO while requests wait and replicas carry `EVIDENCE_LOAD` of their
-  capacity, KV cache above 0.9, preemptions rising): a
+  `TTFT_EVIDENCE` of the SLO while requests wait and replicas carry at least the load the law
+  sizes them for, 1/(1 + headroom) of their capacity; KV cache above 0.9, preemptions rising): a
   panic step of up to double the ready replicas per interval, counting replicas already starting;
   deferred work waiting in or preempted by the engines (by design) is no trouble;
 - goes down slowly: only after fewer replicas would have done for `scaleDownStabilizationSeconds`,
@@ -67,11 +67,13 @@ MIN_EVIDENCE_TOKENS_PER_S = 1.0  # less than this per replica teaches nothing ab
 # prompts take seconds to prefill (Mooncake at a 10 s SLO: 7.9-9.3 s read in minutes whose p99
 # was above 10 s, with requests waiting)
 TTFT_EVIDENCE = 0.75
-# ... but only while the replicas carry at least this share of their capacity: below it, such a
-# tail is the workload's (long prompts prefilling on a replica with room to spare), which more
-# replicas do not shorten; on Mooncake at a 10 s SLO reads of 7.7-8 s at 45-65% of the capacity
-# added 20-30 replicas each, then consolidated one a minute (1.9x the oracle, 100% SLO minutes)
-EVIDENCE_LOAD = 0.75
+# ... but only while the replicas carry at least the load the law sizes them for, 1/(1 + headroom)
+# of their capacity: below it, such a tail is the workload's (long prompts prefilling on replicas
+# with room to spare), which more replicas do not shorten. On Mooncake at a 10 s SLO reads of
+# 7.7-8 s at 45-65% of the capacity added 20-30 replicas each (1.9x the oracle's GPU-hours at 100%
+# SLO minutes); a fixed 0.75, below the law's own operating point (0.83 at 20% headroom), made the
+# reads at 72-77% into breaks: each cut the capacity to ~9.8k tokens/s, the fleet grew from 46 to
+# 58 replicas and came back as the bound was forgotten (1.51x the oracle, every SLO minute met)
 HISTORY_FLOOR_S = 600.0  # the history covers at least this much, whatever the stabilization
 # the latency model may size a replica for at most this multiple of the throughput one carried
 # within the SLO: beyond its data a line is optimistic (tail latency turns up sharply near a full
@@ -280,7 +282,7 @@ def _learn_capacity(
     ttft, itl = snap.latency.ttft_p99, snap.latency.itl_p99
     within = None
     if ttft is not None or itl is not None:
-        broken = _ttft_broken(ttft, slo.ttft_p99_seconds, carried / figure)
+        broken = _ttft_broken(ttft, slo.ttft_p99_seconds, carried / figure, spec.scaling.headroom)
         within = not broken and (itl is None or itl <= slo.itl_p99_seconds)
     saturated = snap.waiting > 0 or snap.preemptions_per_s > 0 or snap.kv_usage_max > KV_FULL
     seen = Observation(carried, within, saturated or snap.refusals_per_s > 0)
@@ -296,13 +298,14 @@ def _carried(snap: Snapshot) -> float:
     return snap.tokens_per_s / snap.fleet.ready if snap.fleet.ready else 0.0
 
 
-def _ttft_broken(ttft: float | None, slo_s: float, load_share: float) -> bool:
+def _ttft_broken(ttft: float | None, slo_s: float, load_share: float, headroom: float) -> bool:
     """A read p99 TTFT says the SLO broke: above it, or above `TTFT_EVIDENCE` of it (the bucket
-    below, where the read understates the truth) while replicas carry `EVIDENCE_LOAD` of their
-    capacity."""
+    below, where the read understates the truth) while replicas carry at least the share of their
+    capacity the law sizes them for (`load_share` is what they carry over that capacity)."""
     if ttft is None:
         return False
-    return ttft > slo_s or (ttft > TTFT_EVIDENCE * slo_s and load_share >= EVIDENCE_LOAD)
+    sized = 1.0 / (1.0 + headroom)
+    return ttft > slo_s or (ttft > TTFT_EVIDENCE * slo_s and load_share >= sized - 1e-9)
 
 
 def _learn_model(snap: Snapshot, model: LatencyModel) -> LatencyModel:
@@ -375,7 +378,10 @@ def _panic(history: Sequence[Snapshot], spec: LLMEndpointSpec, tick: _Tick) -> s
     if prev is not None and deep and queued > _queued(prev):
         return "QueueGrowing"
     broken = _ttft_broken(
-        snap.latency.ttft_p99, spec.slo.ttft_p99_seconds, _carried(snap) / tick.capacity
+        snap.latency.ttft_p99,
+        spec.slo.ttft_p99_seconds,
+        _carried(snap) / tick.capacity,
+        spec.scaling.headroom,
     )
     if broken and (queued > 0 or snap.refusals_per_s):
         return "TTFTAboveSLO"

@@ -338,6 +338,27 @@ def test_a_long_prompt_tail_at_half_the_capacity_adds_nothing() -> None:
     assert above[-1].reason == "TTFTAboveSLO"
 
 
+def test_a_read_below_the_slo_under_the_load_the_law_sizes_for_teaches_no_break() -> None:
+    """At 75% of the capacity (9k of 12k tokens/s), below the 83% the law sizes a replica for at
+    20% headroom, reads of 7.7-8 s are the prompts' tail where the law wants to be. On Mooncake
+    (10 s SLO) counting them as breaks cut the capacity to the load that carried them; the fleet
+    grew by a quarter, shrank as the bound was forgotten, and grew again (1.51x the oracle's
+    GPU-hours). The rule follows the spec's headroom: at 40% the law sizes for 71%, and the same
+    reads count."""
+    history = [_long_prompts(i, 0.0, 3.0, prompt=8800.0) for i in range(5)] + [
+        _long_prompts(5 + i, 3.0, t, prompt=8800.0) for i, t in enumerate([7.7, 8.0, 7.8])
+    ]
+    decisions = _walk(history, _long_prompt_spec(), 4)
+    assert {d.reason for d in decisions}.isdisjoint({"TTFTAboveSLO"})
+    assert decisions[-1].state.capacity.high is None
+    # with 40% headroom the law sizes a replica for 71%: 75% is past it, and the reads count
+    roomy = _long_prompt_spec()
+    roomy = roomy.model_copy(update={"scaling": roomy.scaling.model_copy(update={"headroom": 0.4})})
+    counted = _walk(history, roomy, 4)
+    assert counted[5].reason == "TTFTAboveSLO"
+    assert counted[5].state.capacity.high == 9000.0
+
+
 # --- capacity the law can see: the latency model --------------------------------------
 
 SLO_CAPACITY = 1000.0  # tokens/s at which this replica's p99 TTFT reaches 0.75 x its 2 s SLO
