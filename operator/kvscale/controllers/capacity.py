@@ -12,7 +12,8 @@ simulator and the decide benchmark all hold one. The law:
 - forecasts that demand over the horizon a new replica needs to help (its measured start-up time
   plus one interval) and sizes for the larger of forecast and now: ceil(demand·(1+headroom)/c),
   where c is the per-replica capacity learned online: the throughput replicas carried within the
-  SLO and broke it at (`replica_capacity`), raised to what the engines' latency says one replica
+  SLO and broke it at (`replica_capacity`; a probe between the two at most `probe_reach` times
+  the former), raised to what the engines' latency says one replica
   carries within the SLO (`latency_model`) once that fit is sure, at most `MODEL_MULTIPLE` times
   the throughput seen within the SLO, and not at all while a throughput at which the SLO broke
   lies below that; the decision's sentence names the source;
@@ -81,6 +82,13 @@ HISTORY_FLOOR_S = 600.0  # the history covers at least this much, whatever the s
 MODEL_MULTIPLE = 2.0
 
 
+def probe_reach(headroom: float) -> float:
+    """How far above the throughput a replica carried within the SLO the estimate learned from
+    throughput may go: (1 + headroom)^2, so that replicas sized with it (at 1/(1 + headroom) of
+    it) carry at most one headroom more than they have been seen to carry within the SLO."""
+    return (1.0 + headroom) ** 2
+
+
 @dataclass(frozen=True)
 class CapacityState:
     """What the law remembers between calls; frozen and serialisable (kept in status)."""
@@ -97,7 +105,7 @@ class CapacityState:
     def replica_capacity(self, spec: LLMEndpointSpec) -> tuple[float, str]:
         """What one replica carries within the SLO (tokens/s), and where the figure came from."""
         prior = spec.scaling.replica_capacity_tokens_per_second
-        seen = self.capacity.value(prior)
+        seen = self.capacity.value(prior, probe_reach(spec.scaling.headroom))
         bounds = self.capacity
         if bounds.low is None and bounds.high is None:
             source = "the spec's prior" if prior is not None else "the default prior"

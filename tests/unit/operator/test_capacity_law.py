@@ -7,6 +7,7 @@ import json
 import random
 from dataclasses import replace
 
+import pytest
 from capacity_plant import Plant, run, spec
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -18,9 +19,11 @@ from kvscale.controllers.capacity import (
     CapacityState,
     Decision,
     decide,
+    probe_reach,
 )
 from kvscale.controllers.demand import needed
 from kvscale.controllers.latency_model import MIN_INTERVALS
+from kvscale.controllers.replica_capacity import Observation, ReplicaCapacity
 from kvscale.signals.snapshot import Fleet, Latency, Problem, ReplicaSignals, Snapshot
 
 
@@ -357,6 +360,27 @@ def test_a_read_below_the_slo_under_the_load_the_law_sizes_for_teaches_no_break(
     counted = _walk(history, roomy, 4)
     assert counted[5].reason == "TTFTAboveSLO"
     assert counted[5].state.capacity.high == 9000.0
+
+
+def test_a_long_forgotten_break_probes_one_headroom_past_what_held() -> None:
+    """A break at 11k tokens/s, then four hours at 9k within the SLO: forgotten by 0.5% an
+    interval the upper bound reaches 36k, and their geometric mean (18k) is twice what any
+    replica carried within the SLO (ServeGen: the law consolidated onto replicas at 13k each,
+    the queue grew, and the break came again). The probe stops at (1 + headroom)^2 times what
+    held, so replicas sized with it carry at most one headroom more than they did."""
+    bounds = ReplicaCapacity(low=9000.0, high=11000.0)
+    for _ in range(240):
+        bounds = bounds.learn(Observation(9000.0, within_slo=True, saturated=False))
+    assert bounds.low == 9000.0 and bounds.high is not None and bounds.high > 36_000
+    assert bounds.value(8000.0) > 18_000  # unbounded: the geometric mean
+    assert probe_reach(0.2) == pytest.approx(1.44)
+    assert bounds.value(8000.0, probe_reach(0.2)) == pytest.approx(12_960.0)
+    endpoint = spec(replicaCapacityTokensPerSecond=8000)
+    used, source = CapacityState(capacity=bounds).replica_capacity(endpoint)
+    assert (used, source) == (pytest.approx(12_960.0), "learned from throughput")
+    # a recent break still bounds the probe from above
+    fresh = ReplicaCapacity(low=9000.0, high=11000.0)
+    assert fresh.value(8000.0, probe_reach(0.2)) == pytest.approx((9000.0 * 11000.0) ** 0.5)
 
 
 # --- capacity the law can see: the latency model --------------------------------------
