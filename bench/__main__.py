@@ -39,6 +39,7 @@ BENCHMARKS = {
     "capacity_sim": "bench.capacity_sim",
     "sim_step": "bench.sim_step",
     "cluster_vs_keda": "bench.cluster_vs_keda",
+    "cluster_vs_keda_trace": "bench.cluster_vs_keda_trace",
 }
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +51,7 @@ def _namespace(api: KubeApi, name: str) -> str:
     return name
 
 
-def _plot(runs: dict[str, dict[str, Any]], slo_s: float) -> str | None:
+def _plot(runs: dict[str, dict[str, Any]], slo_s: float, path: Path) -> str | None:
     try:
         import matplotlib
 
@@ -66,10 +67,12 @@ def _plot(runs: dict[str, dict[str, Any]], slo_s: float) -> str | None:
         ttft = [(t, v) for t, v in line["ttft"] if v is not None]
         bottom.plot([t for t, _ in ttft], [v for _, v in ttft], ".", ms=2, label=name)
     first = next(iter(runs.values()))
+    labelled = len(first["phases"]) <= 8  # a trace's steps are too many to name
     for i, (phase, lo, hi) in enumerate(first["phases"]):
         for axis in (top, bottom):
             axis.axvspan(lo, hi, color=("#e8f0fe", "#fef7e0", "#fce8e6", "#e6f4ea")[i % 4])
-        top.text((lo + hi) / 2, 0.2, phase, ha="center", fontsize=8)
+        if labelled:
+            top.text((lo + hi) / 2, 0.2, phase, ha="center", fontsize=8)
     bottom.axhline(slo_s, color="red", lw=0.8, ls="--", label="TTFT SLO")
     top.set_ylabel("engine pods")
     bottom.set_ylabel("TTFT (s)")
@@ -79,16 +82,30 @@ def _plot(runs: dict[str, dict[str, Any]], slo_s: float) -> str | None:
     bottom.legend(loc="upper right", fontsize=8, markerscale=4)
     fig.suptitle("kvscale vs KEDA + HPA on the local cluster (same engines, load and SLO)")
     fig.tight_layout()
-    PLOT.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(PLOT, dpi=110)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
-    return str(PLOT.relative_to(ROOT))
+    return str(path.relative_to(ROOT))
 
 
 def run(quick: bool = False) -> dict[str, Any]:
     scale = 0.25 if quick else 1.0
     phases = [versus.Phase(p.name, p.rate, p.seconds * scale) for p in PHASES]
-    settle = SETTLE_S * scale
+    return compare(
+        lambda capacity: versus.scaled(phases, capacity), TUNINGS, SETTLE_S * scale, PLOT
+    )
+
+
+def compare(
+    phases_for: Callable[[float], list[versus.Phase]],
+    tunings: dict[str, versus.KedaTuning],
+    settle_s: float,
+    plot: Path,
+) -> dict[str, Any]:
+    """kvscale, then KEDA with each of `tunings`, on one fresh cluster: the phases `phases_for`
+    gives for one replica's measured capacity (requests/s), each run kept at the last phase's rate
+    until the Deployment is back at one replica (at most `settle_s`)."""
+    phases: list[versus.Phase] = []
     figures: dict[str, dict[str, Any]] = {}
     capacity = 0.0
     lines: dict[str, dict[str, Any]] = {}
@@ -106,23 +123,23 @@ def run(quick: bool = False) -> dict[str, Any]:
             ns = _namespace(api, "vs-calibrate")
             capacity = versus.calibrate(versus.deploy_plain(api, ns, versus.endpoint_spec()))
             api.delete(f"/api/v1/namespaces/{ns}")
-            phases = versus.scaled(phases, capacity)
+            phases = phases_for(capacity)
             spec = versus.endpoint_spec(capacity * versus.TOKENS_PER_REQUEST)
             with run_operator(cluster):
                 ns = _namespace(api, "vs-kvscale")
                 url = versus.deploy_kvscale(api, ns, spec)
-                result = versus.replay(api, ns, url, "kvscale", phases, settle)
+                result = versus.replay(api, ns, url, "kvscale", phases, settle_s)
                 endpoint = api.get(
                     f"/apis/kvscale.io/v1alpha1/namespaces/{ns}/llmendpoints/{versus.NAME}"
                 )
             figures["kvscale"], lines["kvscale"] = versus.measure(result), versus.timeline(result)
             # why it scaled when it did: the operator's own account (status.decisions)
             figures["kvscale"]["decisions"] = endpoint.get("status", {}).get("decisions", [])
-            for name, tuning in TUNINGS.items():
+            for name, tuning in tunings.items():
                 ns = _namespace(api, f"vs-{name}")
                 url = versus.deploy_plain(api, ns, spec)
                 versus.add_scaled_object(api, cluster, ns, tuning)
-                result = versus.replay(api, ns, url, name, phases, settle)
+                result = versus.replay(api, ns, url, name, phases, settle_s)
                 figures[name], lines[name] = versus.measure(result), versus.timeline(result)
                 figures[name]["tuning"] = vars(tuning)
         finally:
@@ -142,7 +159,7 @@ def run(quick: bool = False) -> dict[str, Any]:
         "phases": [vars(p) for p in phases],
         "results": figures,
         "replica_seconds_ratio_kvscale_to": ratios,
-        "plot": _plot(lines, versus.SLO_TTFT_S),
+        "plot": _plot(lines, versus.SLO_TTFT_S, plot),
         # the pods over time; each request's TTFT is in the PNG only (the JSON stays small)
         "timelines": {
             name: {k: v for k, v in line.items() if k != "ttft"} for name, line in lines.items()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from kvscale_demo.versus import (
     KedaTuning,
     Request,
@@ -11,6 +13,8 @@ from kvscale_demo.versus import (
     measure,
     plain_children,
     scaled_object,
+    scaled_trace,
+    trace_slice,
 )
 
 # a 60 s run: one pod for 10 s, the burst at t=10, a second pod asked for at t=14 and Ready at
@@ -75,3 +79,23 @@ def test_keda_serves_the_deployment_kvscale_renders_without_an_owner() -> None:
     assert trigger["metadata"]["query"] == 'sum(vllm:num_requests_waiting{namespace="ns"})'
     assert trigger["metadata"]["threshold"] == "2"
     assert so["spec"]["scaleTargetRef"]["name"] == "chat-engine"
+
+
+def test_a_trace_slice_is_the_window_that_asks_most_and_keeps_its_shape() -> None:
+    # 30 s steps: 10 arrivals each, except a burst of 40 in the 7th step (t = 180-210 s)
+    arrivals = [s * 30.0 + i * 30.0 / n for s in range(12) for n in [40 if s == 6 else 10]
+                for i in range(n)]  # fmt: skip
+    part = trace_slice(arrivals, minutes=2.0)  # 4 steps
+    assert part.start_s == 90.0  # steps 3-6: the burst at the end, the earliest such window
+    assert [p.rate for p in part.phases] == [0.25, 0.25, 0.25, 1.0]
+    assert part.peak_to_mean == round(40 / 17.5, 3)
+    assert [p.seconds for p in part.phases] == [30.0] * 4
+    # scaled: the busiest step at 1.5x what one replica serves
+    assert [p.rate for p in scaled_trace(part, capacity=4.0)] == [1.5, 1.5, 1.5, 6.0]
+
+
+def test_a_trace_slice_longer_than_the_trace_is_refused() -> None:
+    with pytest.raises(ValueError, match="does not fit"):
+        trace_slice([0.0, 10.0, 50.0], minutes=5.0)
+    with pytest.raises(ValueError, match="no arrivals"):
+        trace_slice([], minutes=1.0)
