@@ -51,6 +51,13 @@ def _namespace(api: KubeApi, name: str) -> str:
     return name
 
 
+def _remove(api: KubeApi, namespace: str) -> None:
+    """Delete a run's namespace and wait until its pods are gone."""
+    api.delete(f"/api/v1/namespaces/{namespace}")
+    pods = f"/api/v1/namespaces/{namespace}/pods"
+    wait_for(lambda: not api.get(pods).get("items"), 120, f"the pods of {namespace} to go")
+
+
 def _plot(runs: dict[str, dict[str, Any]], slo_s: float, path: Path) -> str | None:
     try:
         import matplotlib
@@ -132,6 +139,7 @@ def compare(
                 endpoint = api.get(
                     f"/apis/kvscale.io/v1alpha1/namespaces/{ns}/llmendpoints/{versus.NAME}"
                 )
+                _remove(api, ns)  # its engines do not idle beside the next run
             figures["kvscale"], lines["kvscale"] = versus.measure(result), versus.timeline(result)
             # why it scaled when it did: the operator's own account (status.decisions)
             figures["kvscale"]["decisions"] = endpoint.get("status", {}).get("decisions", [])
@@ -142,6 +150,7 @@ def compare(
                 result = versus.replay(api, ns, url, name, phases, settle_s)
                 figures[name], lines[name] = versus.measure(result), versus.timeline(result)
                 figures[name]["tuning"] = vars(tuning)
+                _remove(api, ns)
         finally:
             api.close()
             keda.stop()
