@@ -129,7 +129,7 @@ def compare(
             # serves, and kvscale is told that capacity (its replicaCapacityTokensPerSecond)
             ns = _namespace(api, "vs-calibrate")
             capacity = versus.calibrate(versus.deploy_plain(api, ns, versus.endpoint_spec()))
-            api.delete(f"/api/v1/namespaces/{ns}")
+            _remove(api, ns)
             phases = phases_for(capacity)
             spec = versus.endpoint_spec(capacity * versus.TOKENS_PER_REQUEST)
             with run_operator(cluster):

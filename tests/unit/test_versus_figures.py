@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from kvscale_demo.trace_slice import scaled_trace, trace_slice
 from kvscale_demo.versus import (
     KedaTuning,
     Request,
@@ -13,8 +14,6 @@ from kvscale_demo.versus import (
     measure,
     plain_children,
     scaled_object,
-    scaled_trace,
-    trace_slice,
 )
 
 # a 60 s run: one pod for 10 s, the burst at t=10, a second pod asked for at t=14 and Ready at
