@@ -163,7 +163,10 @@ def run(quick: bool = False) -> dict[str, Any]:
     cfg = ModelConfig.from_dict(arch)
     kv_bytes = int(p["kv_gib"]) * 2**30  # vLLM takes whole GiB
     blocks = kv_bytes // (cfg.kv_bytes_per_token * 4 * 16)  # fp32, 16-token blocks
-    loads = _loads(p, cfg.vocab_size)
+    # fresh prompts each round (seeded by the round): a server that keeps its prefix cache
+    # across rounds must not find the last round's prompts there; round r is the same requests
+    # for both servers
+    round_loads = [_loads(p, cfg.vocab_size, seed) for seed in range(int(p["rounds"]))]
     warmup = _warmup(p, cfg.vocab_size)
     engine_args = [f"--max-model-len={p['max_model_len']}", f"--num-kv-blocks={blocks}",
                    "--no-admission", "--dtype=float32"]  # fmt: skip
@@ -176,8 +179,9 @@ def run(quick: bool = False) -> dict[str, Any]:
         model = write_tiny_checkpoint(Path(tmp), seed=0, **shape)
         # kvscale, vLLM x rounds, kvscale again: with 2 rounds the order is ABBA, so a drift in
         # the machine's speed over the run weighs on both servers alike
-        for name, passes in (("kvscale", 1), ("vllm", rounds), ("kvscale", rounds - 1)):
-            if not passes:
+        order = (("kvscale", range(1)), ("vllm", range(rounds)), ("kvscale", range(1, rounds)))
+        for name, seeds in order:
+            if not seeds:
                 continue
             server_cm = (
                 engine_process(model, *engine_args, torch_threads=THREADS)
@@ -185,7 +189,7 @@ def run(quick: bool = False) -> dict[str, Any]:
                 else vllm_process(venv, model, *vllm_args, env=vllm_env)
             )
             with server_cm as server:
-                runs[name] += _measure(server, warmup, loads, passes)
+                runs[name] += _measure(server, warmup, [round_loads[r] for r in seeds])
     ours, theirs = _combined(runs["kvscale"]), _combined(runs["vllm"])
     ratios = {
         name: round(ours[name]["output_tok_s"] / theirs[name]["output_tok_s"], 3) for name in ours
@@ -222,17 +226,18 @@ def run(quick: bool = False) -> dict[str, Any]:
 
 _NOTES = (
     "one client (kvscale loadtest's) over HTTP; with 2 rounds the servers run kvscale, vLLM, "
-    "vLLM, kvscale (ABBA), same requests in the same order, and each figure is the mean of a "
-    "server's two runs (runs_output_tok_s lists both); warm-up run excluded; output tok/s = "
-    "output tokens / wall time from the first send to the last token; ITL pools every gap "
-    "between streamed tokens; preemptions are the change of vllm:num_preemptions_total over the "
-    "run; peak RSS samples the server's process tree every 0.2 s (shared pages count once "
-    "per process)"
+    "vLLM, kvscale (ABBA); each round has its own prompts (so no prefix cache holds a round's "
+    "prompts from the round before) and both servers get round r's requests in the same order; "
+    "each figure is the mean of a server's two runs (runs_output_tok_s lists both); warm-up "
+    "run excluded; output tok/s = output tokens / wall time from the first send to the last "
+    "token; ITL pools every gap between streamed tokens; preemptions are the change of "
+    "vllm:num_preemptions_total over the run; peak RSS samples the server's process tree "
+    "every 0.2 s (shared pages count once per process)"
 )
 
 
-def _loads(p: dict[str, Any], vocab: int) -> list[Load]:
-    rng = random.Random(0)
+def _loads(p: dict[str, Any], vocab: int, seed: int = 0) -> list[Load]:
+    rng = random.Random(seed)
     loads = []
     for n in p["closed"]:
         count = max(int(p["closed_min_requests"]), int(p["closed_requests_per_slot"]) * n)
@@ -292,12 +297,10 @@ def _request(index: int, prompt: list[int], output: int) -> PlannedRequest:
     return PlannedRequest(index, 0.0, prompt, len(prompt), output, None)
 
 
-def _measure(
-    server: EngineProcess, warmup: Load, loads: list[Load], passes: int = 1
-) -> list[dict[str, Any]]:
-    """The warm-up (not counted), then every load in order, `passes` times over."""
+def _measure(server: EngineProcess, warmup: Load, rounds: list[list[Load]]) -> list[dict[str, Any]]:
+    """The warm-up (not counted), then each round's loads in order."""
     _run_load(server, warmup)
-    return [{load.name: _run_load(server, load) for load in loads} for _ in range(passes)]
+    return [{load.name: _run_load(server, load) for load in loads} for loads in rounds]
 
 
 def _combined(runs: list[dict[str, Any]]) -> dict[str, Any]:
