@@ -47,6 +47,23 @@ def test_sliding_window_and_odd_head_dim(
     _compare(kernel, lens, 16, 3, 24, window=window)
 
 
+@pytest.mark.parametrize("block_size", [16, 32, 64])
+@pytest.mark.parametrize("window", [None, 1, 7, 20, 33])
+def test_wide_heads_match_with_windows_and_block_sizes(
+    kernel: cpu_decode.Kernel, block_size: int, window: int | None
+) -> None:
+    """head_dim 64 with 4 query heads per KV head: the shape the AVX-512 path takes, rows
+    scored sixteen at a time (a window starting mid-row-group, blocks wider than sixteen)."""
+    _compare(kernel, [1, 5, 16, 17, 40, 100, 129], block_size, 4, 64, window=window)
+
+
+def test_an_avx512_cpu_gets_the_wide_path(kernel: cpu_decode.Kernel) -> None:
+    flags = next(
+        (ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("flags")), ""
+    )
+    assert kernel.lanes == (16 if " avx512f" in flags else 1)
+
+
 def test_loading_leaves_the_process_float_mode_alone(kernel: cpu_decode.Kernel) -> None:
     """Built with -ffast-math but linked without it: flush-to-zero stays off for torch."""
     tiny = torch.tensor([1e-40], dtype=torch.float32)

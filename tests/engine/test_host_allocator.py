@@ -58,3 +58,47 @@ def test_by_default_glibc_hands_them_back_each_time() -> None:
 
 def test_a_cpu_engine_takes_the_settings_when_it_starts() -> None:
     assert _rounds("engine")["rounds"] == [{"in_heap": True, "kept": True}] * 3
+
+
+def test_the_kv_cache_asks_for_huge_pages() -> None:
+    """Where the kernel offers transparent huge pages on request, the CPU engine's KV cache is
+    backed by them (its block tables jump between scattered blocks: small pages miss the TLB)."""
+    from pathlib import Path
+
+    from kvscale_engine.config import EngineConfig
+    from kvscale_engine.engine.llm_engine import LLMEngine
+
+    # 40 MiB a tensor: past glibc's 32 MiB mmap threshold, fresh pages as a real cache gets
+    engine = LLMEngine(EngineConfig(model="dummy:llama-tiny", device="cpu", num_kv_blocks=20480))
+    k_cache = engine.model_runner.kv_caches[0][0]
+    assert k_cache.numel() * k_cache.element_size() == 40 * 2**20
+    mode = Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text()
+    start = k_cache.data_ptr()
+    huge_kib = _anon_huge_kib(start, start + 40 * 2**20)
+    if "[never]" in mode:  # this kernel gives none: the request changes nothing
+        assert huge_kib == 0
+    else:  # all but the unaligned ends
+        assert huge_kib >= 32 * 1024, f"THP {mode.strip()}: the cache's mapping has {huge_kib} KiB"
+
+
+def test_memory_without_a_whole_huge_page_is_left_alone() -> None:
+    import torch
+
+    from kvscale_engine.engine.host_allocator import huge_pages
+
+    assert huge_pages(torch.empty(1024)) is False
+
+
+def _anon_huge_kib(start: int, end: int) -> int:
+    """AnonHugePages summed over the mappings in /proc/self/smaps that overlap [start, end)."""
+    from pathlib import Path
+
+    total, inside = 0, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()[0]
+        if "-" in head and not head.endswith(":"):
+            lo, hi = (int(x, 16) for x in head.split("-"))
+            inside = lo < end and start < hi
+        elif inside and head == "AnonHugePages:":
+            total += int(line.split()[1])
+    return total

@@ -6,7 +6,8 @@ layer. Decodes run through the Triton paged-decode kernel on CUDA and, unless --
 replay a CUDA graph per batch-size bucket (`cuda_graphs.py`, `graph_runner.py`); prefill and mixed
 steps run eager. On the CPU, fp32 decodes read K/V through the C kernel (`layers/cpu_decode.c`),
 the linears multiply by weights that oneDNN reordered once at load (`layers/packed_linear.py`),
-and glibc's malloc keeps the freed activations for the next step (`host_allocator.py`).
+glibc's malloc keeps the freed activations for the next step and the KV cache asks for huge
+pages (`host_allocator.py`).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import torch
 from kvscale_engine.config import EngineConfig
 from kvscale_engine.engine.cuda_graphs import GraphPlan, Replay, pad_decode
 from kvscale_engine.engine.device_memory import measure_peak, total_bytes
-from kvscale_engine.engine.host_allocator import keep_freed_buffers
+from kvscale_engine.engine.host_allocator import huge_pages, keep_freed_buffers
 from kvscale_engine.engine.loader import load_model
 from kvscale_engine.engine.memory_budget import (
     MemoryBudget,
@@ -158,12 +159,15 @@ class ModelRunner:
             self.model_cfg.head_dim,
         )
         return [
-            (
-                torch.zeros(shape, dtype=self.dtype, device=self.device),
-                torch.zeros(shape, dtype=self.dtype, device=self.device),
-            )
+            (self._zeros(shape), self._zeros(shape))
             for _ in range(self.model_cfg.num_hidden_layers)
         ]
+
+    def _zeros(self, shape: tuple[int, ...]) -> torch.Tensor:
+        t = torch.empty(shape, dtype=self.dtype, device=self.device)
+        if self.device.type == "cpu":  # before the first write: huge pages from the start
+            huge_pages(t)
+        return t.zero_()
 
     def _measure_budget(self) -> MemoryBudget:
         dtype_bytes = torch.empty(0, dtype=self.dtype).element_size()

@@ -3,7 +3,11 @@
 The reference decode gathers each sequence's context into a padded copy and runs SDPA over it;
 on the CPU that copy and SDPA's padded work were about 40% of a decode step at 32 in flight.
 This kernel reads K/V in place through the block tables instead (the CPU twin of the Triton
-kernel in paged_decode.py, with the same arguments).
+kernel in paged_decode.py, with the same arguments). Built for a CPU with AVX-512 (`lanes` 16),
+the common head shapes score sixteen rows of a block into one vector per query head instead of a
+horizontal sum per row and head: 64 sequences x 150-500 tokens, one layer, 1.00 -> 0.86 ms with
+the cache warm (the shared-prefix case) and within the run-to-run spread (2.3-2.6 ms) with 8
+layers' caches read in turn, where the wait is on DRAM.
 
 The shared library is compiled on first use with `-O3 -march=native -ffast-math` into a cache
 keyed by the source, the flags and the CPU (KVSCALE_KERNEL_CACHE, else ~/.cache/kvscale/kernels,
@@ -46,6 +50,8 @@ class Kernel:
         fn.restype = ctypes.c_int
         fn.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int] * 7 + [ctypes.c_float, ctypes.c_int]
         self._fn = fn
+        lib.kvscale_decode_lanes.restype = ctypes.c_int
+        self.lanes: int = lib.kvscale_decode_lanes()  # 16: the AVX-512 path; 1: scalar rows
 
     def __call__(
         self,
