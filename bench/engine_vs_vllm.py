@@ -83,16 +83,28 @@ it) with a cold cache: 0-10% faster beside other jobs, -15% to +10% on a quiet m
 kernel does per block (a horizontal sum per token and query head, a block's rows fetched one block
 ahead) is what to work on next.
 
-The run in bench/results/engine_vs_vllm.json (63aea9a; the one before, at 553ed29, is in
-docs/benchmarks.md; ABBA, load average 0.8-3.1, the run's own processes): kvscale / vLLM output
-tok/s 0.97x at 1 in flight, 0.89x at 8, **0.95x at 32**, 0.83x at 64, 0.83x at 128; Poisson 0.5 / 1
-/ 2 req/s 1.00x / 1.00x / 0.99x (the offered load); shared prefix 0.71x, heavy tail 0.85x. vLLM ran
-faster on this day's machine than on the last one (ITL p50 at 0.5 req/s 5.12 against 7.45 ms, 64 in
-flight 1,147 against 843 tok/s), and more so than the engine: the engine gained at 32 in flight
-(0.88x -> 0.95x) and lost ground at 1 (1.10x -> 0.97x), 64 (0.95x -> 0.83x) and shared prefix
-(0.82x -> 0.71x), where decode attention over long contexts weighs most (ITL p50 13.1 vs 9.6 ms
-there). ITL p50 at 0.5 req/s 5.71 vs 5.12 ms; TTFT p99 110 vs 65, 76 vs 50, 157 vs 96 ms at the
-three Poisson rates. Targets met: 1 in flight (>= 0.9x) only.
+Then (2026-12-03, on a Xeon with AVX-512 where earlier runs had an EPYC), two findings:
+- the benchmark itself favoured vLLM: its second round ran in the process of its first, with the
+  same prompts, so its prefix cache held them (closed 128 on fresh prompts 726 tok/s, on the
+  round before's 869), while the engine's second round started a fresh process. Each round now
+  has its own prompts;
+- the decode kernel's horizontal sums: on a CPU with AVX-512 the common head shapes score sixteen
+  rows of a block into one vector per query head (`cpu_decode.c`, `one16`; 1.00 -> 0.86 ms a layer
+  with the cache warm), and the KV cache asks for transparent huge pages (`host_allocator.py`;
+  2.94-3.05 -> 2.64-2.79 ms a layer with 8 layers' caches read in turn).
+
+The run in bench/results/engine_vs_vllm.json (e136df4, Xeon, ABBA, load average at start 0.6;
+both servers about half as fast as on the EPYC, vLLM 72 tok/s at 1 in flight against 175):
+kvscale / vLLM output tok/s **1.13x** at 1 in flight, 1.13x at 8, **1.13x at 32**, **1.07x at
+64**, 1.05x at 128; Poisson 0.5 / 1 / 2 req/s 1.01x / 1.01x / 1.04x (the offered load); shared
+prefix **0.98x**, heavy tail 1.06x. ITL p50 shorter at every load (12.7 vs 13.5 ms at 0.5 req/s).
+TTFT p99 at the Poisson rates: 139.94 vs 139.93 ms, **139.3 vs 130.9**, **194.2 vs 190.3**: vLLM's
+is shorter at every rate, by 0.01 ms, 6% and 2% (the p99 of 60 requests is about the longest
+prompt's prefill, which both servers take in about the same time); TTFT p50 at 64 in flight
+1,060 vs 752 ms. Targets: throughput (>= 1x at 32 and 64, >= 0.9x at 1) and ITL p50 met; TTFT p99
+no worse than vLLM's, not met.
+The run before (63aea9a, EPYC, same prompts in vLLM's two rounds): 0.97x, 0.89x, 0.95x, 0.83x,
+0.83x; shared prefix 0.71x.
 
 `--quick` runs a few small loads on `llama-tiny` widened to head_dim 64 (vLLM's CPU attention
 needs it); its smoke test lives in the e2e tier (e2e/tests/test_bench_vllm.py), the
