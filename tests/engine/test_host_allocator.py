@@ -61,8 +61,10 @@ def test_a_cpu_engine_takes_the_settings_when_it_starts() -> None:
 
 
 def test_the_kv_cache_asks_for_huge_pages() -> None:
-    """Where the kernel offers transparent huge pages on request, the CPU engine's KV cache is
-    backed by them (its block tables jump between scattered blocks: small pages miss the TLB)."""
+    """The CPU engine's KV cache is marked for transparent huge pages (its block tables jump
+    between scattered blocks: small pages miss the TLB). Whether the kernel then finds free 2 MiB
+    pages depends on the machine's memory, so what is checked is the request: the `hg` flag on
+    the cache's mappings, where the kernel has THP at all."""
     from pathlib import Path
 
     from kvscale_engine.config import EngineConfig
@@ -72,13 +74,13 @@ def test_the_kv_cache_asks_for_huge_pages() -> None:
     engine = LLMEngine(EngineConfig(model="dummy:llama-tiny", device="cpu", num_kv_blocks=20480))
     k_cache = engine.model_runner.kv_caches[0][0]
     assert k_cache.numel() * k_cache.element_size() == 40 * 2**20
-    mode = Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text()
     start = k_cache.data_ptr()
-    huge_kib = _anon_huge_kib(start, start + 40 * 2**20)
-    if "[never]" in mode:  # this kernel gives none: the request changes nothing
-        assert huge_kib == 0
-    else:  # all but the unaligned ends
-        assert huge_kib >= 32 * 1024, f"THP {mode.strip()}: the cache's mapping has {huge_kib} KiB"
+    flags = _vm_flags(start + 4 * 2**20, start + 36 * 2**20)  # inside the aligned part
+    assert flags, "no mapping holds the cache"
+    if Path("/sys/kernel/mm/transparent_hugepage/enabled").exists():
+        assert all("hg" in f for f in flags), flags
+    else:  # a kernel without THP refuses the request
+        assert not any("hg" in f for f in flags), flags
 
 
 def test_memory_without_a_whole_huge_page_is_left_alone() -> None:
@@ -89,16 +91,16 @@ def test_memory_without_a_whole_huge_page_is_left_alone() -> None:
     assert huge_pages(torch.empty(1024)) is False
 
 
-def _anon_huge_kib(start: int, end: int) -> int:
-    """AnonHugePages summed over the mappings in /proc/self/smaps that overlap [start, end)."""
+def _vm_flags(start: int, end: int) -> list[set[str]]:
+    """The VmFlags of each mapping in /proc/self/smaps that overlaps [start, end)."""
     from pathlib import Path
 
-    total, inside = 0, False
+    out, inside = [], False
     for line in Path("/proc/self/smaps").read_text().splitlines():
         head = line.split()[0]
         if "-" in head and not head.endswith(":"):
             lo, hi = (int(x, 16) for x in head.split("-"))
             inside = lo < end and start < hi
-        elif inside and head == "AnonHugePages:":
-            total += int(line.split()[1])
-    return total
+        elif inside and head == "VmFlags:":
+            out.append(set(line.split()[1:]))
+    return out
