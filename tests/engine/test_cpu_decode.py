@@ -57,6 +57,11 @@ def test_wide_heads_match_with_windows_and_block_sizes(
     _compare(kernel, [1, 5, 16, 17, 40, 100, 129], block_size, 4, 64, window=window)
 
 
+@pytest.mark.parametrize(("group", "head_dim"), [(8, 64), (8, 128), (4, 128), (1, 128)])
+def test_every_compiled_shape_matches(kernel: cpu_decode.Kernel, group: int, head_dim: int) -> None:
+    _compare(kernel, RAGGED, 16, group, head_dim, window=None)
+
+
 def test_an_avx512_cpu_gets_the_wide_path(kernel: cpu_decode.Kernel) -> None:
     flags = next(
         (ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("flags")), ""
