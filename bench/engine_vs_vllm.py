@@ -97,12 +97,13 @@ The run in bench/results/engine_vs_vllm.json (e136df4, Xeon, ABBA, load average 
 both servers about half as fast as on the EPYC, vLLM 72 tok/s at 1 in flight against 175):
 kvscale / vLLM output tok/s **1.13x** at 1 in flight, 1.13x at 8, **1.13x at 32**, **1.07x at
 64**, 1.05x at 128; Poisson 0.5 / 1 / 2 req/s 1.01x / 1.01x / 1.04x (the offered load); shared
-prefix **0.98x**, heavy tail 1.06x. ITL p50 shorter at every load (12.7 vs 13.5 ms at 0.5 req/s).
-TTFT p99 at the Poisson rates: 139.94 vs 139.93 ms, **139.3 vs 130.9**, **194.2 vs 190.3**: vLLM's
-is shorter at every rate, by 0.01 ms, 6% and 2% (the p99 of 60 requests is about the longest
-prompt's prefill, which both servers take in about the same time); TTFT p50 at 64 in flight
-1,060 vs 752 ms. Targets: throughput (>= 1x at 32 and 64, >= 0.9x at 1) and ITL p50 met; TTFT p99
-no worse than vLLM's, not met.
+prefix **0.98x**, heavy tail 1.06x. ITL p50 shorter at every load but the shared prefix (24.3
+vs 24.1 ms; 12.7 vs 13.5 ms at 0.5 req/s). TTFT p99 at the Poisson rates: 139.94 vs 139.93 ms,
+**139.3 vs 130.9**, **194.2 vs 190.3**: vLLM's is shorter at every rate, by 0.01 ms, 6% and 2%
+(the p99 of 60 requests is about the longest prompt's prefill: 335 tokens take the engine 155 ms
+offline and HF's forward 152 ms, 76% of it oneDNN GEMMs at about this core's fp32 peak); TTFT
+p50 at 64 in flight 1,060 vs 752 ms. Targets: throughput (>= 1x at 32 and 64, >= 0.9x at 1) and
+ITL p50 met; TTFT p99 no worse than vLLM's, not met.
 The run before (63aea9a, EPYC, same prompts in vLLM's two rounds): 0.97x, 0.89x, 0.95x, 0.83x,
 0.83x; shared prefix 0.71x.
 
