@@ -105,7 +105,9 @@ offline and HF's forward 152 ms, 76% of it oneDNN GEMMs at about this core's fp3
 p50 at 64 in flight 1,060 vs 752 ms. Targets: throughput (>= 1x at 32 and 64, >= 0.9x at 1) and
 ITL p50 met; TTFT p99 no worse than vLLM's, not met.
 The run before (63aea9a, EPYC, same prompts in vLLM's two rounds): 0.97x, 0.89x, 0.95x, 0.83x,
-0.83x; shared prefix 0.71x.
+0.83x; shared prefix 0.71x. On the Xeon before the kernel change, one round each on fresh prompts
+(a probe, not this benchmark): 1.02x at 64 in flight, 1.00x at 128, 0.97x shared prefix: most of
+the step from 0.83x is the machine and the fix, a few percent the kernel.
 
 `--quick` runs a few small loads on `llama-tiny` widened to head_dim 64 (vLLM's CPU attention
 needs it); its smoke test lives in the e2e tier (e2e/tests/test_bench_vllm.py), the
