@@ -9,6 +9,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
+
+import torch
+
+from kvscale_engine.config import EngineConfig
+from kvscale_engine.engine.host_allocator import huge_pages
+from kvscale_engine.engine.llm_engine import LLMEngine
 
 _ROUNDS = """
 import ctypes, json, sys
@@ -65,11 +72,6 @@ def test_the_kv_cache_asks_for_huge_pages() -> None:
     between scattered blocks: small pages miss the TLB). Whether the kernel then finds free 2 MiB
     pages depends on the machine's memory, so what is checked is the request: the `hg` flag on
     the cache's mappings, where the kernel has THP at all."""
-    from pathlib import Path
-
-    from kvscale_engine.config import EngineConfig
-    from kvscale_engine.engine.llm_engine import LLMEngine
-
     # 40 MiB a tensor: past glibc's 32 MiB mmap threshold, fresh pages as a real cache gets
     engine = LLMEngine(EngineConfig(model="dummy:llama-tiny", device="cpu", num_kv_blocks=20480))
     k_cache = engine.model_runner.kv_caches[0][0]
@@ -84,17 +86,11 @@ def test_the_kv_cache_asks_for_huge_pages() -> None:
 
 
 def test_memory_without_a_whole_huge_page_is_left_alone() -> None:
-    import torch
-
-    from kvscale_engine.engine.host_allocator import huge_pages
-
     assert huge_pages(torch.empty(1024)) is False
 
 
 def _vm_flags(start: int, end: int) -> list[set[str]]:
     """The VmFlags of each mapping in /proc/self/smaps that overlaps [start, end)."""
-    from pathlib import Path
-
     out, inside = [], False
     for line in Path("/proc/self/smaps").read_text().splitlines():
         head = line.split()[0]

@@ -25,6 +25,20 @@ static float dot(const float *restrict a, const float *restrict b, int n) {
     return s;
 }
 
+/* ask for one block's K and V rows of one KV head, a cache line at a time */
+static inline __attribute__((always_inline)) void fetch_block(const float *k, const float *v, int32_t block,
+                        int kv_head, int dim, int block_size, int kv_heads) {
+    int64_t first = (int64_t)block * block_size;
+    for (int t = 0; t < block_size; t++) {
+        const float *kn = k + ((first + t) * kv_heads + kv_head) * dim;
+        const float *vn = v + ((first + t) * kv_heads + kv_head) * dim;
+        for (int d = 0; d < dim; d += 16) {
+            __builtin_prefetch(kn + d);
+            __builtin_prefetch(vn + d);
+        }
+    }
+}
+
 static inline __attribute__((always_inline)) void one(const float *q, const float *k, const float *v, float *out, const int32_t *table,
                 int32_t ctx, int kv_head, int group, int dim, int block_size, int kv_heads,
                 int window, float scale) {
@@ -41,17 +55,8 @@ static inline __attribute__((always_inline)) void one(const float *q, const floa
         int lo = start < first ? first - start : 0;
         int hi = ctx - start < block_size ? ctx - start : block_size;
         int64_t base = (int64_t)table[start / block_size] * block_size;
-        if (start + block_size < ctx) {  /* the next block is elsewhere: fetch it ahead */
-            int64_t next = (int64_t)table[start / block_size + 1] * block_size;
-            for (int t = 0; t < block_size; t++) {
-                const float *kn = k + ((next + t) * kv_heads + kv_head) * dim;
-                const float *vn = v + ((next + t) * kv_heads + kv_head) * dim;
-                for (int d = 0; d < dim; d += 16) {
-                    __builtin_prefetch(kn + d);
-                    __builtin_prefetch(vn + d);
-                }
-            }
-        }
+        if (start + block_size < ctx)  /* the next block is elsewhere: fetch it ahead */
+            fetch_block(k, v, table[start / block_size + 1], kv_head, dim, block_size, kv_heads);
         for (int g = 0; g < group; g++) {
             float best = m[g];
             for (int t = lo; t < hi; t++) {
@@ -138,17 +143,8 @@ static inline __attribute__((always_inline)) void one16(const float *q, const fl
     int first = window > 0 && ctx > window ? ctx - window : 0;
     for (int start = first - first % block_size; start < ctx; start += block_size) {
         int64_t base = (int64_t)table[start / block_size] * block_size;
-        if (start + block_size < ctx) {  /* the next block is elsewhere: fetch it ahead */
-            int64_t next = (int64_t)table[start / block_size + 1] * block_size;
-            for (int t = 0; t < block_size; t++) {
-                const float *kn = k + (next + t) * row + kv_head * dim;
-                const float *vn = v + (next + t) * row + kv_head * dim;
-                for (int d = 0; d < dim; d += 16) {
-                    __builtin_prefetch(kn + d);
-                    __builtin_prefetch(vn + d);
-                }
-            }
-        }
+        if (start + block_size < ctx)  /* the next block is elsewhere: fetch it ahead */
+            fetch_block(k, v, table[start / block_size + 1], kv_head, dim, block_size, kv_heads);
         int rows = ctx - start < block_size ? ctx - start : block_size;
         for (int c0 = 0; c0 < rows; c0 += 16) {  /* sixteen rows at a time */
             int lo = start + c0 < first ? first - start - c0 : 0;
