@@ -40,6 +40,7 @@ BENCHMARKS = {
     "sim_step": "bench.sim_step",
     "cluster_vs_keda": "bench.cluster_vs_keda",
     "cluster_vs_keda_trace": "bench.cluster_vs_keda_trace",
+    "cluster_vs_keda_vllm": "bench.cluster_vs_keda_vllm",
 }
 
 

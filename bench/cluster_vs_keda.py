@@ -42,6 +42,13 @@ TUNINGS = {
     "keda-guide": versus.KedaTuning(threshold=5, polling_s=30, scale_down_stabilization_s=300),
     "keda-tuned": versus.KedaTuning(threshold=2, polling_s=5, scale_down_stabilization_s=20),
 }
+# what a user tries after those two, on the demo's phases: a shorter queue per replica (scale out
+# sooner), and longer scale-down windows (the tuned run dropped to one replica mid-burst, once
+# its queue had been empty for 20 s)
+SWEEP = {
+    f"keda-q{q}-w{w}": versus.KedaTuning(threshold=q, polling_s=5, scale_down_stabilization_s=w)
+    for q, w in ((1, 20), (2, 60), (1, 60), (2, 120))
+}
 
 
 def _namespace(api: KubeApi, name: str) -> str:
@@ -58,7 +65,7 @@ def _remove(api: KubeApi, namespace: str) -> None:
     wait_for(lambda: not api.get(pods).get("items"), 120, f"the pods of {namespace} to go")
 
 
-def _plot(runs: dict[str, dict[str, Any]], slo_s: float, path: Path) -> str | None:
+def _plot(runs: dict[str, dict[str, Any]], slo_s: float, path: Path, engine: str) -> str | None:
     try:
         import matplotlib
 
@@ -87,9 +94,36 @@ def _plot(runs: dict[str, dict[str, Any]], slo_s: float, path: Path) -> str | No
     bottom.set_xlabel("seconds from the first phase")
     top.legend(loc="upper right", fontsize=8)
     bottom.legend(loc="upper right", fontsize=8, markerscale=4)
-    fig.suptitle("kvscale vs KEDA + HPA on the local cluster (same engines, load and SLO)")
+    fig.suptitle(f"kvscale vs KEDA + HPA on the local cluster ({engine} engines, same load, SLO)")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return str(path.relative_to(ROOT))
+
+
+def _pareto(figures: dict[str, dict[str, Any]], path: Path) -> str | None:
+    """Replica-seconds against SLO share, one point per run, when more than two KEDA runs ran."""
+    if len(figures) <= 3:
+        return None
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib is not installed: no PNG"
+    fig, axis = plt.subplots(figsize=(7, 4.5))
+    for name, f in figures.items():
+        mine = name == "kvscale"
+        axis.plot(f["replica_seconds"], 100 * f["slo_share"], "*" if mine else "o",
+                  ms=12 if mine else 7, color="C3" if mine else "C0")  # fmt: skip
+        axis.annotate(name, (f["replica_seconds"], 100 * f["slo_share"]), fontsize=8,
+                      xytext=(4, 4), textcoords="offset points")  # fmt: skip
+    axis.set_xlabel("replica-seconds (fewer is cheaper)")
+    axis.set_ylabel("10 s intervals within the SLO (%)")
+    axis.set_title("kvscale and each KEDA tuning, one run each")
+    fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return str(path.relative_to(ROOT))
@@ -99,7 +133,7 @@ def run(quick: bool = False) -> dict[str, Any]:
     scale = 0.25 if quick else 1.0
     phases = [versus.Phase(p.name, p.rate, p.seconds * scale) for p in PHASES]
     return compare(
-        lambda capacity: versus.scaled(phases, capacity), TUNINGS, SETTLE_S * scale, PLOT
+        lambda capacity: versus.scaled(phases, capacity), TUNINGS | SWEEP, SETTLE_S * scale, PLOT
     )
 
 
@@ -108,10 +142,15 @@ def compare(
     tunings: dict[str, versus.KedaTuning],
     settle_s: float,
     plot: Path,
+    engine: str = "kvscale",
+    tokens_per_request: float = versus.TOKENS_PER_REQUEST,
 ) -> dict[str, Any]:
     """kvscale, then KEDA with each of `tunings`, on one fresh cluster: the phases `phases_for`
     gives for one replica's measured capacity (requests/s), each run kept at the last phase's rate
-    until the Deployment is back at one replica (at most `settle_s`)."""
+    until the Deployment is back at one replica (at most `settle_s`). `engine` is what every run's
+    Deployment serves (kvscale's engine, or vLLM: then every answer runs to its `max_tokens`);
+    kvscale's spec declares one replica's capacity as requests/s x `tokens_per_request`."""
+    ignore_eos = engine == "vllm"
     phases: list[versus.Phase] = []
     figures: dict[str, dict[str, Any]] = {}
     capacity = 0.0
@@ -128,14 +167,17 @@ def compare(
             # the demo's rates scaled to this machine: its burst is 1.5x what one replica
             # serves, and kvscale is told that capacity (its replicaCapacityTokensPerSecond)
             ns = _namespace(api, "vs-calibrate")
-            capacity = versus.calibrate(versus.deploy_plain(api, ns, versus.endpoint_spec()))
+            url = versus.deploy_plain(api, ns, versus.endpoint_spec(engine=engine))
+            capacity = versus.calibrate(url, ignore_eos=ignore_eos)
             _remove(api, ns)
             phases = phases_for(capacity)
-            spec = versus.endpoint_spec(capacity * versus.TOKENS_PER_REQUEST)
+            spec = versus.endpoint_spec(capacity * tokens_per_request, engine)
             with run_operator(cluster):
                 ns = _namespace(api, "vs-kvscale")
                 url = versus.deploy_kvscale(api, ns, spec)
-                result = versus.replay(api, ns, url, "kvscale", phases, settle_s)
+                result = versus.replay(
+                    api, ns, url, "kvscale", phases, settle_s, ignore_eos=ignore_eos
+                )
                 endpoint = api.get(
                     f"/apis/kvscale.io/v1alpha1/namespaces/{ns}/llmendpoints/{versus.NAME}"
                 )
@@ -147,7 +189,7 @@ def compare(
                 ns = _namespace(api, f"vs-{name}")
                 url = versus.deploy_plain(api, ns, spec)
                 versus.add_scaled_object(api, cluster, ns, tuning)
-                result = versus.replay(api, ns, url, name, phases, settle_s)
+                result = versus.replay(api, ns, url, name, phases, settle_s, ignore_eos=ignore_eos)
                 figures[name], lines[name] = versus.measure(result), versus.timeline(result)
                 figures[name]["tuning"] = vars(tuning)
                 _remove(api, ns)
@@ -160,7 +202,10 @@ def compare(
         for name, f in figures.items()
         if name != "kvscale"
     }
+    pick = versus.cheapest_no_worse(figures, "kvscale")
+    shown = {n: line for n, line in lines.items() if n == "kvscale" or n in TUNINGS or n == pick}
     return {
+        "engine": engine,
         "keda_version": keda_dir().name,
         "replica_capacity_rps": round(capacity, 2),
         "slo_ttft_p99_s": versus.SLO_TTFT_S,
@@ -168,7 +213,10 @@ def compare(
         "phases": [vars(p) for p in phases],
         "results": figures,
         "replica_seconds_ratio_kvscale_to": ratios,
-        "plot": _plot(lines, versus.SLO_TTFT_S, plot),
+        # the like-for-like figure: the cheapest KEDA run at no lower SLO share than kvscale's
+        "keda_at_no_lower_slo_share": pick and {"run": pick, "ratio": ratios[pick]},
+        "plot": _plot(shown, versus.SLO_TTFT_S, plot, engine),
+        "pareto_plot": _pareto(figures, plot.with_name(plot.stem + "_pareto.png")),
         # the pods over time; each request's TTFT is in the PNG only (the JSON stays small)
         "timelines": {
             name: {k: v for k, v in line.items() if k != "ttft"} for name, line in lines.items()

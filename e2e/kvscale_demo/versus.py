@@ -34,6 +34,7 @@ from kvscale_cluster.kube_api import KubeApi, Obj
 from kvscale_cluster.wait import wait_for
 
 MODEL = "tiny"
+VLLM_CHECKPOINT = "/tmp/kvscale/models/llama-hd64"  # vLLM's CPU attention needs head_dim >= 64
 NAME = "chat"
 DEPLOYMENT = f"{NAME}-engine"
 SLO_TTFT_S = 2.0
@@ -89,9 +90,11 @@ class Run:
     samples: list[Sample] = field(default_factory=list)
 
 
-def endpoint_spec(capacity_hint: float = 150) -> dict[str, Any]:
-    """The endpoint both runs serve (kvscale's e2e shape: a tiny dummy model on CPU)."""
-    return {
+def endpoint_spec(capacity_hint: float = 150, engine: str = "kvscale") -> dict[str, Any]:
+    """The endpoint both runs serve: kvscale's e2e shape (a tiny dummy model on CPU), or with
+    `engine="vllm"` the same shape on vLLM (its seeded checkpoint at `VLLM_CHECKPOINT`, written by
+    `kvscale-engine tiny-checkpoint --vllm`, as manifests/samples/vllm-cpu.yaml serves it)."""
+    spec: dict[str, Any] = {
         "model": {"name": MODEL, "source": {"dummy": {"preset": "llama-tiny"}}, "maxModelLen": 512},
         "engine": {"maxNumSeqs": 4, "maxNumBatchedTokens": 512},
         "resources": {"gpusPerReplica": 0, "cpu": "500m", "memory": "1Gi"},
@@ -105,6 +108,20 @@ def endpoint_spec(capacity_hint: float = 150) -> dict[str, Any]:
             "replicaCapacityTokensPerSecond": capacity_hint,
         },
     }
+    if engine == "vllm":
+        # vLLM's CPU KV cache is whole GiB (memoryFraction x memory = 1 GiB), its CPU blocks 128
+        # tokens; --enforce-eager skips a 13-41 s compile at each start
+        spec["model"]["source"] = {"hostPath": {"path": VLLM_CHECKPOINT}}
+        spec["engine"] |= {"kind": "vllm", "blockSize": 128, "memoryFraction": 0.25,
+                           "extraArgs": ["--enforce-eager"]}  # fmt: skip
+        spec["resources"]["memory"] = "4Gi"
+    return spec
+
+
+def start_timeout_s(spec: dict[str, Any]) -> float:
+    """How long a first replica may take to serve: vLLM loads for 1-3 minutes here, more while
+    other replicas load the CPU (e2e/tests/test_vllm.py); kvscale's engine for seconds."""
+    return 600.0 if spec["engine"].get("kind") == "vllm" else 240.0
 
 
 # -- the two deployments ------------------------------------------------------------------------
@@ -128,7 +145,9 @@ def deploy_kvscale(api: KubeApi, namespace: str, spec: dict[str, Any]) -> str:
     body |= {"metadata": {"name": NAME}, "spec": spec}
     api.post(f"/apis/kvscale.io/v1alpha1/namespaces/{namespace}/llmendpoints", body)
     return wait_for(
-        lambda: _ready_url(api, namespace, NAME, need_router=True), 240, "kvscale's endpoint"
+        lambda: _ready_url(api, namespace, NAME, need_router=True),
+        start_timeout_s(spec),
+        "kvscale's endpoint",
     )
 
 
@@ -176,7 +195,9 @@ def deploy_plain(api: KubeApi, namespace: str, spec: dict[str, Any]) -> str:
     api.post(f"/apis/apps/v1/namespaces/{namespace}/deployments", deployment)
     api.post(f"/api/v1/namespaces/{namespace}/services", service)
     return wait_for(
-        lambda: _ready_url(api, namespace, DEPLOYMENT, need_router=False), 240, "engine"
+        lambda: _ready_url(api, namespace, DEPLOYMENT, need_router=False),
+        start_timeout_s(spec),
+        "engine",
     )
 
 
@@ -199,8 +220,8 @@ def add_scaled_object(api: KubeApi, cluster: Cluster, namespace: str, tuning: Ke
 class _Load:
     """Open-loop streaming completions at a rate that changes by phase; records every request."""
 
-    def __init__(self, url: str, max_tokens: int) -> None:
-        self.url, self.max_tokens = url, max_tokens
+    def __init__(self, url: str, max_tokens: int, ignore_eos: bool = False) -> None:
+        self.url, self.max_tokens, self.ignore_eos = url, max_tokens, ignore_eos
         self.rate = 0.0
         self.requests: list[Request] = []
         self._stop = threading.Event()
@@ -240,6 +261,8 @@ class _Load:
             "max_tokens": self.max_tokens,
             "stream": True,
         }
+        if self.ignore_eos:  # every answer `max_tokens` long (both engines take vLLM's extension)
+            body["ignore_eos"] = True
         started = time.monotonic()
         ttft: float | None = None
         error: str | None = None
@@ -266,10 +289,12 @@ DEMO_CAPACITY = 4.0
 TOKENS_PER_REQUEST = 15 + 48  # the prompt and the answer the load asks for
 
 
-def calibrate(url: str, seconds: float = 15.0, concurrency: int = 8) -> float:
+def calibrate(
+    url: str, seconds: float = 15.0, concurrency: int = 8, ignore_eos: bool = False
+) -> float:
     """Requests/s one replica behind `url` completes when `concurrency` clients keep it busy:
     phases scaled by it load every machine alike (a burst 1.5x what one replica serves)."""
-    load = _Load(url, TOKENS_PER_REQUEST - 15)
+    load = _Load(url, TOKENS_PER_REQUEST - 15, ignore_eos)
 
     async def main() -> None:
         async with httpx.AsyncClient(base_url=url, timeout=120) as client:
@@ -333,11 +358,12 @@ def replay(
     phases: Sequence[Phase],
     settle_s: float,
     max_tokens: int = 48,
+    ignore_eos: bool = False,
 ) -> Run:
     """Replay `phases` against `url`, then keep the last phase's rate until the Deployment is
     back at its minimum (at most `settle_s`, folded into the last phase)."""
     run = Run(autoscaler)
-    with _Sampler(api, namespace, run.samples), _Load(url, max_tokens) as load:
+    with _Sampler(api, namespace, run.samples), _Load(url, max_tokens, ignore_eos) as load:
         for i, phase in enumerate(phases):
             load.rate = phase.rate
             start = time.monotonic()
@@ -424,6 +450,15 @@ def measure(run: Run, slo_s: float = SLO_TTFT_S) -> dict[str, Any]:
         "final_replicas": run.samples[-1].replicas if run.samples else None,
         "burst_to_first_added_ready_s": first_added,
     }
+
+
+def cheapest_no_worse(figures: dict[str, dict[str, Any]], reference: str) -> str | None:
+    """Of the runs other than `reference`, the one with the fewest replica-seconds among those
+    whose SLO share is no lower than the reference's (None if none reaches it): the tuned
+    baseline that a like-for-like cost comparison needs."""
+    bar = figures[reference]["slo_share"]
+    peers = [n for n, f in figures.items() if n != reference and f["slo_share"] >= bar]
+    return min(peers, key=lambda n: figures[n]["replica_seconds"], default=None)
 
 
 def timeline(run: Run) -> dict[str, Any]:

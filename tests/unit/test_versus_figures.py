@@ -10,6 +10,7 @@ from kvscale_demo.versus import (
     Request,
     Run,
     Sample,
+    cheapest_no_worse,
     endpoint_spec,
     measure,
     plain_children,
@@ -78,6 +79,30 @@ def test_keda_serves_the_deployment_kvscale_renders_without_an_owner() -> None:
     assert trigger["metadata"]["query"] == 'sum(vllm:num_requests_waiting{namespace="ns"})'
     assert trigger["metadata"]["threshold"] == "2"
     assert so["spec"]["scaleTargetRef"]["name"] == "chat-engine"
+
+
+def test_the_vllm_shape_is_the_same_endpoint_on_vllm_and_keda_serves_it_alike() -> None:
+    spec = endpoint_spec(500.0, engine="vllm")
+    assert spec["engine"]["kind"] == "vllm"
+    assert spec["model"]["source"] == {"hostPath": {"path": "/tmp/kvscale/models/llama-hd64"}}
+    for key in ("scaling", "slo"):  # what the autoscalers see and judge by is unchanged
+        assert spec[key] == endpoint_spec(500.0)[key]
+    assert spec["engine"]["maxNumSeqs"] == endpoint_spec()["engine"]["maxNumSeqs"]
+    deployment, _ = plain_children("ns", spec)
+    (engine,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert engine["image"].startswith("vllm/vllm-openai")
+
+
+def test_the_like_for_like_baseline_is_the_cheapest_run_at_no_lower_slo_share() -> None:
+    figures = {
+        "kvscale": {"replica_seconds": 550.0, "slo_share": 0.83},
+        "cheap-but-worse": {"replica_seconds": 490.0, "slo_share": 0.72},
+        "dear": {"replica_seconds": 1100.0, "slo_share": 0.88},
+        "just-as-good": {"replica_seconds": 700.0, "slo_share": 0.83},
+    }
+    assert cheapest_no_worse(figures, "kvscale") == "just-as-good"
+    del figures["just-as-good"], figures["dear"]
+    assert cheapest_no_worse(figures, "kvscale") is None
 
 
 def test_a_trace_slice_is_the_window_that_asks_most_and_keeps_its_shape() -> None:
