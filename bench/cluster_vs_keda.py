@@ -11,7 +11,7 @@ the one a user would try next (2 waiting, 5 s polling, 20 s stabilization, as kv
 Each run replays the demo's phases (e2e/kvscale_demo: steady, rise, a 4x burst, quiet), their
 rates scaled to one replica's capacity measured first on this machine (the burst is 1.5x it;
 kvscale's spec declares it), and keeps the quiet rate until the Deployment is back at one
-replica (at most `SETTLE_S`). Figures per run (e2e/kvscale_demo/versus.py `measure`) and the
+replica (at most `SETTLE_S`). Figures per run (e2e/kvscale_demo/figures.py `measure`) and the
 kvscale/KEDA replica-seconds ratio land in bench/results/cluster_vs_keda.json, both timelines in
 bench/results/cluster_vs_keda.png.
 `--quick` shortens every phase to a quarter.
@@ -35,6 +35,7 @@ from kvscale_cluster.kube_api import KubeApi
 from kvscale_cluster.wait import wait_for
 from kvscale_demo import versus
 from kvscale_demo.__main__ import PHASES
+from kvscale_demo.figures import cheapest_no_worse, measure, timeline
 
 PLOT = Path(__file__).parent / "results" / "cluster_vs_keda.png"
 SETTLE_S = 180.0
@@ -182,7 +183,7 @@ def compare(
                     f"/apis/kvscale.io/v1alpha1/namespaces/{ns}/llmendpoints/{versus.NAME}"
                 )
                 _remove(api, ns)  # its engines do not idle beside the next run
-            figures["kvscale"], lines["kvscale"] = versus.measure(result), versus.timeline(result)
+            figures["kvscale"], lines["kvscale"] = measure(result), timeline(result)
             # why it scaled when it did: the operator's own account (status.decisions)
             figures["kvscale"]["decisions"] = endpoint.get("status", {}).get("decisions", [])
             for name, tuning in tunings.items():
@@ -190,7 +191,7 @@ def compare(
                 url = versus.deploy_plain(api, ns, spec)
                 versus.add_scaled_object(api, cluster, ns, tuning)
                 result = versus.replay(api, ns, url, name, phases, settle_s, ignore_eos=ignore_eos)
-                figures[name], lines[name] = versus.measure(result), versus.timeline(result)
+                figures[name], lines[name] = measure(result), timeline(result)
                 figures[name]["tuning"] = vars(tuning)
                 _remove(api, ns)
         finally:
@@ -202,7 +203,7 @@ def compare(
         for name, f in figures.items()
         if name != "kvscale"
     }
-    pick = versus.cheapest_no_worse(figures, "kvscale")
+    pick = cheapest_no_worse(figures, "kvscale")
     shown = {n: line for n, line in lines.items() if n == "kvscale" or n in TUNINGS or n == pick}
     return {
         "engine": engine,

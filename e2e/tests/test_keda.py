@@ -22,6 +22,7 @@ from kvscale_cluster.fixtures import Cluster, kubectl
 from kvscale_cluster.keda import EXTERNAL_METRICS, Keda, start_keda
 from kvscale_cluster.kube_api import KubeApi
 from kvscale_demo import versus
+from kvscale_demo.figures import measure
 
 # the burst is 12x the steady rate: one replica is declared to carry 150 tokens/s (kvscale) and
 # the queue grows past KEDA's per-replica target on one CPU replica
@@ -65,7 +66,7 @@ def test_kvscale_fails_no_request_while_scaling(
 ) -> None:
     url = versus.deploy_kvscale(kube_api, namespace, versus.endpoint_spec())
     run = versus.replay(kube_api, namespace, url, "kvscale", (*PHASES, QUIET), SETTLE_S)
-    figures = versus.measure(run)
+    figures = measure(run)
     _report("kvscale", figures)
     assert figures["max_replicas"] >= 2, figures
     assert figures["scale_in_windows"] >= 1, figures
@@ -87,7 +88,7 @@ def test_keda_scales_up_and_down_and_its_scale_in_is_counted(
     tuning = versus.KedaTuning(threshold=2)
     versus.add_scaled_object(kube_api, cluster, namespace, tuning)
     run = versus.replay(kube_api, namespace, url, "keda", phases, SETTLE_S)
-    figures = versus.measure(run)
+    figures = measure(run)
     _report("keda", {"capacity_rps": round(capacity, 2), **figures})
     assert figures["max_replicas"] >= 2, figures
     assert figures["final_replicas"] == versus.MIN_REPLICAS, figures

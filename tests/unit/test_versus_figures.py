@@ -1,18 +1,18 @@
-"""The kvscale-vs-KEDA figures (e2e/kvscale_demo/versus.py `measure`) on a scripted run."""
+"""The kvscale-vs-KEDA figures (e2e/kvscale_demo/figures.py) on a scripted run, and the specs,
+Deployments and ScaledObjects the comparison deploys (versus.py)."""
 
 from __future__ import annotations
 
 import pytest
 
+from kvscale_demo.figures import cheapest_no_worse, measure
 from kvscale_demo.trace_slice import scaled_trace, trace_slice
 from kvscale_demo.versus import (
     KedaTuning,
     Request,
     Run,
     Sample,
-    cheapest_no_worse,
     endpoint_spec,
-    measure,
     plain_children,
     scaled_object,
 )
