@@ -12,11 +12,11 @@ simulator and the decide benchmark all hold one. The law:
 - forecasts that demand over the horizon a new replica needs to help (its measured start-up time
   plus one interval) and sizes for the larger of forecast and now: ceil(demand·(1+headroom)/c),
   where c is the per-replica capacity learned online: the throughput replicas carried within the
-  SLO and broke it at (`replica_capacity`; a probe between the two at most `probe_reach` times
-  the former), raised to what the engines' latency says one replica
-  carries within the SLO (`latency_model`) once that fit is sure, at most `MODEL_MULTIPLE` times
-  the throughput seen within the SLO, and not at all while a throughput at which the SLO broke
-  lies below that; the decision's sentence names the source;
+  SLO, and the throughput at which those with work queued at them broke it (`replica_capacity`;
+  a probe between the two at most `probe_reach` times the former), raised to what the engines'
+  latency says one replica carries within the SLO (`latency_model`) once that fit is sure, at
+  most `MODEL_MULTIPLE` times the throughput seen within the SLO, and not at all while a
+  throughput at which the SLO broke lies below that; the decision's sentence names the source;
 - goes up at once when the endpoint is in trouble (queue growing, p99 TTFT above
   `TTFT_EVIDENCE` of the SLO while requests wait and replicas carry at least the load the law
   sizes them for, 1/(1 + headroom) of their capacity; KV cache above 0.9, preemptions rising): a
@@ -54,7 +54,7 @@ from kvscale.controllers.demand import demand, needed, request_tokens
 from kvscale.controllers.forecast import Forecaster
 from kvscale.controllers.latency_model import LatencyModel
 from kvscale.controllers.replica_capacity import Observation, ReplicaCapacity
-from kvscale.signals.snapshot import Snapshot
+from kvscale.signals.snapshot import ReplicaSignals, Snapshot
 
 DEFAULT_STARTUP_S = 120.0  # until a start-up has been measured
 KV_FULL = 0.9
@@ -292,9 +292,32 @@ def _learn_capacity(
     if ttft is not None or itl is not None:
         broken = _ttft_broken(ttft, slo.ttft_p99_seconds, carried / figure, spec.scaling.headroom)
         within = not broken and (itl is None or itl <= slo.itl_p99_seconds)
+    if within is False and snap.replicas:
+        # a break bounds the capacity at no less than what the replicas that had more work than
+        # they could start carried: while one replica works off a backlog, those that turned
+        # Ready beside it carry little with nothing queued, and the median of all says nothing
+        # about what a replica carries (a vLLM run's bound fell to 89 tokens/s that way, against
+        # 2,030 learned before, and held two replicas through a quiet spell). Not below the
+        # median either: where long prompts queue at some replicas (Mooncake), those carried
+        # less in the window than the median, and bounding by them cost 1.39x the oracle's
+        # GPU-hours against 1.18x
+        full = [r.tokens_per_s for r in snap.replicas if _saturated(r)]
+        bound = max(carried, statistics.median(full)) if full else carried
+        return capacity.learn(Observation(bound, False, bool(full)))
     saturated = snap.waiting > 0 or snap.preemptions_per_s > 0 or snap.kv_usage_max > KV_FULL
     seen = Observation(carried, within, saturated or snap.refusals_per_s > 0)
     return capacity.learn(seen)
+
+
+def _saturated(replica: ReplicaSignals) -> bool:
+    """The replica had more work than it could start: requests queued or refused, preemptions,
+    or its KV cache nearly full."""
+    return (
+        replica.waiting > 0
+        or replica.refusals_per_s > 0
+        or replica.preemptions_per_s > 0
+        or replica.kv_usage > KV_FULL
+    )
 
 
 def _carried(snap: Snapshot) -> float:

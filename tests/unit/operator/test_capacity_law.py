@@ -362,6 +362,51 @@ def test_a_read_below_the_slo_under_the_load_the_law_sizes_for_teaches_no_break(
     assert counted[5].state.capacity.high == 9000.0
 
 
+def _backlog(at: float, fresh: float) -> Snapshot:
+    """One replica works off a backlog at 2,000 tokens/s (200 requests queued at it, p99 TTFT
+    50 s); two that turned Ready beside it carry `fresh` tokens/s each with nothing queued."""
+    old = ReplicaSignals(
+        pod="old",
+        prompt_tokens_per_s=900.0,
+        generation_tokens_per_s=1100.0,
+        running=4,
+        waiting=200,
+        latency=Latency(ttft_p99=50.0),
+        created_at=0.0,
+    )
+    new = [
+        ReplicaSignals(
+            pod=f"new{j}",
+            prompt_tokens_per_s=fresh / 2,
+            generation_tokens_per_s=fresh / 2,
+            running=1,
+            latency=Latency(ttft_p99=0.05),
+            created_at=at - 30,
+        )
+        for j in (1, 2)
+    ]
+    return Snapshot(taken_at=at, window_s=10.0, replicas=(old, *new),
+                    latency=Latency(ttft_p99=50.0, itl_p99=0.05),
+                    fleet=Fleet(current=3, ready=3, startup_seconds=200.0))  # fmt: skip
+
+
+def test_a_break_is_bounded_by_the_replicas_that_had_work_queued() -> None:
+    """The SLO broke while one replica drained a burst's backlog and two new ones carried 50
+    tokens/s each: the break says a replica carries at most the backlogged one's 2,000 tokens/s,
+    not the median's 50 (a vLLM run on the local cluster learned 89 tokens/s that way and held
+    two replicas through the quiet spell after a burst)."""
+    endpoint = spec(replicaCapacityTokensPerSecond=2000, maxReplicas=3)
+    state = CapacityState(desired=3, capacity=ReplicaCapacity(low=2000.0))
+    decision = decide([_backlog(600.0, fresh=50.0)], endpoint, state, 600.0)
+    assert decision.state.capacity.high == 2000.0
+    assert decision.per_replica_tokens_per_s >= 1900.0
+    # every replica backlogged: the median of all of them, as before
+    full = _backlog(600.0, fresh=1500.0)
+    full = replace(full, replicas=tuple(replace(r, waiting=50) for r in full.replicas))
+    decision = decide([full], endpoint, state, 600.0)
+    assert decision.state.capacity.high == 1500.0
+
+
 def test_a_long_forgotten_break_probes_one_headroom_past_what_held() -> None:
     """A break at 11k tokens/s, then four hours at 9k within the SLO: forgotten by 0.5% an
     interval the upper bound reaches 36k, and their geometric mean (18k) is twice what any
