@@ -81,7 +81,7 @@ def measure(run: Run, slo_s: float = SLO_TTFT_S) -> dict[str, Any]:
         "requests": len(run.requests),
         "failed": len(failed),
         # of those, refused at admission (429 with Retry-After: back-pressure, never accepted)
-        "refused": sum(1 for r in failed if r.error == REFUSED),
+        "refused": sum(1 for r in failed if (r.error or "").startswith(REFUSED)),
         "failed_in_scale_in": len(cut),
         "scale_in_windows": len(windows),
         "failure_examples": sorted({r.error or "" for r in failed})[:5],

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import threading
 import time
 from collections.abc import Sequence
@@ -38,7 +39,7 @@ SLO_TTFT_S = 2.0
 SLO_INTERVAL_S = 10.0
 SAMPLE_EVERY_S = 1.0
 MIN_REPLICAS, MAX_REPLICAS = 1, 3
-REFUSED = "HTTP 429"  # a request refused at admission, as Request.error records it
+REFUSED = "HTTP 429"  # a request refused at admission: how Request.error begins (`status_error`)
 
 
 @dataclass(frozen=True)
@@ -266,7 +267,7 @@ class _Load:
         try:
             async with client.stream("POST", "/v1/completions", json=body) as response:
                 if response.status_code != 200:
-                    error = f"HTTP {response.status_code}"
+                    error = status_error(response.status_code, await response.aread())
                 else:
                     done = False
                     async for line in response.aiter_lines():
@@ -278,6 +279,18 @@ class _Load:
         except httpx.HTTPError as exc:
             error = f"{type(exc).__name__}: {exc}"
         self.requests.append(Request(started, time.monotonic(), ttft, error))
+
+
+def status_error(status: int, body: bytes) -> str:
+    """`HTTP <status>`, with the OpenAI-style error's code (else type) where the body has one:
+    whose answer a failure was (the router's `no_replica`, an engine's own)."""
+    try:
+        parsed = json.loads(body)
+        detail = parsed.get("error", parsed) if isinstance(parsed, dict) else {}
+        what = detail.get("code") or detail.get("type") if isinstance(detail, dict) else None
+    except ValueError:
+        what = None
+    return f"HTTP {status}" + (f" ({what})" if what else "")
 
 
 # the demo's rates assume one replica serves this many requests/s: its burst (6/s) is 1.5x that,

@@ -15,6 +15,7 @@ from kvscale_demo.versus import (
     endpoint_spec,
     plain_children,
     scaled_object,
+    status_error,
 )
 
 # a 60 s run: one pod for 10 s, the burst at t=10, a second pod asked for at t=14 and Ready at
@@ -79,6 +80,23 @@ def test_keda_serves_the_deployment_kvscale_renders_without_an_owner() -> None:
     assert trigger["metadata"]["query"] == 'sum(vllm:num_requests_waiting{namespace="ns"})'
     assert trigger["metadata"]["threshold"] == "2"
     assert so["spec"]["scaleTargetRef"]["name"] == "chat-engine"
+
+
+def test_a_failure_names_whose_answer_it_was_and_429s_count_as_refused() -> None:
+    router = b'{"error": {"message": "No replica could take the request (tried 1).", '
+    router += b'"type": "service_unavailable", "code": "no_replica"}}'
+    assert status_error(503, router) == "HTTP 503 (no_replica)"
+    assert status_error(429, b'{"error": {"type": "rate_limit_exceeded"}}') == (
+        "HTTP 429 (rate_limit_exceeded)"
+    )
+    assert status_error(500, b'{"object": "error", "type": "InternalServerError"}') == (
+        "HTTP 500 (InternalServerError)"
+    )
+    assert status_error(502, b"<html>Bad Gateway</html>") == "HTTP 502"
+    assert status_error(503, b"[]") == "HTTP 503"
+    figures = measure(run(Request(12, 13, None, "HTTP 429 (rate_limit_exceeded)"),
+                          Request(14, 15, None, "HTTP 503 (no_replica)")))  # fmt: skip
+    assert figures["failed"] == 2 and figures["refused"] == 1
 
 
 def test_the_vllm_shape_is_the_same_endpoint_on_vllm_and_keda_serves_it_alike() -> None:
