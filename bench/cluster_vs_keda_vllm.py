@@ -7,7 +7,8 @@ says how to build it), serving a seeded tiny Llama checkpoint (head_dim 64, vLLM
 from the node. kvscale reads vLLM's own metrics; KEDA's trigger is the guides' own query on
 `vllm:num_requests_waiting`. Both KEDA tunings run (the guides' and the one a user tries next).
 
-A vLLM replica takes 1-3 minutes to start here, against seconds for kvscale's engine, so the
+A vLLM replica takes 1-3 minutes to start here alone and 3-4 beside a busy one, against seconds
+for kvscale's engine, so the
 demo's phases run `STRETCH` times as long (a burst that ends before a new replica could load
 would compare nothing but start-up); their rates are scaled to one vLLM replica's capacity
 measured first (the burst 1.5x it). Every answer runs to its 48 tokens (`ignore_eos`), and

@@ -287,7 +287,7 @@ def status_error(status: int, body: bytes) -> str:
     try:
         parsed = json.loads(body)
         detail = parsed.get("error", parsed) if isinstance(parsed, dict) else {}
-        what = detail.get("code") or detail.get("type") if isinstance(detail, dict) else None
+        what = (detail.get("code") or detail.get("type")) if isinstance(detail, dict) else None
     except ValueError:
         what = None
     return f"HTTP {status}" + (f" ({what})" if what else "")

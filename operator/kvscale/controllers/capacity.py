@@ -12,11 +12,12 @@ simulator and the decide benchmark all hold one. The law:
 - forecasts that demand over the horizon a new replica needs to help (its measured start-up time
   plus one interval) and sizes for the larger of forecast and now: ceil(demand·(1+headroom)/c),
   where c is the per-replica capacity learned online: the throughput replicas carried within the
-  SLO, and the throughput at which those with work queued at them broke it (`replica_capacity`;
-  a probe between the two at most `probe_reach` times the former), raised to what the engines'
-  latency says one replica carries within the SLO (`latency_model`) once that fit is sure, at
-  most `MODEL_MULTIPLE` times the throughput seen within the SLO, and not at all while a
-  throughput at which the SLO broke lies below that; the decision's sentence names the source;
+  SLO, and the throughput at which it broke (the median replica's, or that of the replicas with
+  work queued at them where higher) (`replica_capacity`; a probe between the two at most
+  `probe_reach` times the former), raised to what the engines' latency says one replica carries
+  within the SLO (`latency_model`) once that fit is sure, at most `MODEL_MULTIPLE` times the
+  throughput seen within the SLO, and not at all while a throughput at which the SLO broke lies
+  below that; the decision's sentence names the source;
 - goes up at once when the endpoint is in trouble (queue growing, p99 TTFT above
   `TTFT_EVIDENCE` of the SLO while requests wait and replicas carry at least the load the law
   sizes them for, 1/(1 + headroom) of their capacity; KV cache above 0.9, preemptions rising): a
