@@ -70,14 +70,26 @@ def _remove(api: KubeApi, namespace: str) -> None:
     wait_for(lambda: not api.get(pods).get("items"), 120, f"the pods of {namespace} to go")
 
 
-def _plot(runs: dict[str, dict[str, Any]], slo_s: float, path: Path, engine: str) -> str | None:
+NO_MATPLOTLIB = "matplotlib is not installed: no PNG"
+
+
+def _pyplot() -> Any:
+    """matplotlib's pyplot drawing to files only, or None where matplotlib is not installed (it
+    comes with the `tools` extra)."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        return "matplotlib is not installed: no PNG"
+        return None
+    return plt
+
+
+def _plot(runs: dict[str, dict[str, Any]], slo_s: float, path: Path, engine: str) -> str | None:
+    plt = _pyplot()
+    if plt is None:
+        return NO_MATPLOTLIB
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(11, 6.5), sharex=True)
     for name, line in runs.items():
         samples = line["samples"]
@@ -111,13 +123,9 @@ def _pareto(figures: dict[str, dict[str, Any]], path: Path) -> str | None:
     """Replica-seconds against SLO share, one point per run, when more than two KEDA runs ran."""
     if len(figures) <= 3:
         return None
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return "matplotlib is not installed: no PNG"
+    plt = _pyplot()
+    if plt is None:
+        return NO_MATPLOTLIB
     fig, axis = plt.subplots(figsize=(7, 4.5))
     for name, f in figures.items():
         mine = name == "kvscale"
