@@ -3,7 +3,9 @@ pick, send, relay.
 
 Everything before the first byte reaches the client may be redone: a replica that cannot be
 reached or answers 429/502/503/504 is skipped and the request goes to another one (at most
-`max_attempts` replicas). Once the relay has started, the response is the replica's.
+`max_attempts` attempts). When every routable replica was tried and one of them could not be
+reached, that one is tried again after a pause: a lone replica with a backlog must not turn a
+slow connect into a refusal. Once the relay has started, the response is the replica's.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from kvscale_router.release import Releaser, deferred_of
 from kvscale_router.replicas import ReplicaTable
 
 RETRY_STATUSES = frozenset({429, 502, 503, 504})
+UNREACHABLE_PAUSE_S = 0.25  # before the same replica is tried again; doubles each attempt
 Reply = Response | Relay  # both are ASGI apps Starlette runs
 
 
@@ -160,11 +163,18 @@ async def _send(
     cost = float(routed.cost_tokens)
     headers = forwarded_headers(request.headers.items())
     tried: set[str] = set()
-    for _ in range(cfg.max_attempts):
+    unreachable: set[str] = set()
+    for attempt in range(cfg.max_attempts):
         live = router.table.routable()
         if release is not None and release.replica in live and release.replica not in tried:
             live = {release.replica: live[release.replica]}  # where the release found room
         choice = picker.pick(keys, cost, live, exclude=tried)
+        if choice is None and unreachable & live.keys():
+            # Every routable replica was tried and one could not be reached: a replica with a
+            # backlog can leave a connection unaccepted past the connect timeout. Nothing was
+            # relayed yet, so try it again after a pause rather than refuse the request.
+            await asyncio.sleep(UNREACHABLE_PAUSE_S * 2**attempt)
+            choice = picker.pick(keys, cost, router.table.routable(), exclude=tried - unreachable)
         if choice is None:
             break
         name = choice.name
@@ -177,6 +187,7 @@ async def _send(
         try:
             upstream = await router.client.post(url, data=body, headers=headers)
         except (aiohttp.ClientError, TimeoutError) as exc:
+            unreachable.add(name)
             _finish(router, name, cost)
             m.upstream_errors.labels(name, type(exc).__name__).inc()
             m.retries.labels("unreachable").inc()

@@ -1,16 +1,21 @@
 """The router in front of real engine processes, driven by the official `openai` client.
 
 Streams pass through chunk by chunk, a client that leaves aborts the request in the engine,
-errors become OpenAI error bodies, a dead replica is skipped before the first byte, weight 0
+errors become OpenAI error bodies, a dead replica is skipped before the first byte, a lone
+replica that drops a connection is tried again, weight 0
 drains a replica while its in-flight stream finishes, requests are held while no replica may
 take them, and the router refuses with 429/503 + Retry-After at its bounds.
 """
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
+import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import httpx
 import openai
@@ -151,6 +156,60 @@ def test_a_dead_replica_is_skipped_before_the_first_byte(
         dead_picks = router.metric("kvscale_router_picks_total", replica="dead", rule="round_robin")
         assert retries == dead_picks >= 1  # every pick of the dead replica was retried
         assert router.metric("kvscale_router_requests_total", replica="a", code="200") == 6
+
+
+@contextmanager
+def dropping_front(upstream: str, drops: int) -> Iterator[str]:
+    """A TCP front for `upstream` that closes its first `drops` connections unanswered, as a
+    replica whose accept queue overflowed fails them, and relays every later one byte for byte."""
+    target = urlsplit(upstream)
+    loop = asyncio.new_event_loop()
+    dropped = 0
+
+    async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while data := await reader.read(65536):
+                writer.write(data)
+                await writer.drain()
+        except ConnectionError:
+            pass
+        finally:
+            writer.close()
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal dropped
+        if dropped < drops:
+            dropped += 1
+            writer.close()
+            return
+        up_reader, up_writer = await asyncio.open_connection(target.hostname, target.port)
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+
+    server = loop.run_until_complete(asyncio.start_server(serve, "127.0.0.1", 0))
+    port = server.sockets[0].getsockname()[1]
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        loop.call_soon_threadsafe(server.close)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+
+
+def test_a_lone_replica_that_drops_a_connection_is_tried_again(
+    engines: dict[str, LiveServer], tmp_path: Path
+) -> None:
+    with (
+        dropping_front(engines["a"].url, drops=2) as front,
+        live_router({"a": front}, tmp_path) as router,
+    ):
+        out = client(router).completions.create(
+            model=MODEL, prompt="again", max_tokens=3, extra_body={"ignore_eos": True}
+        )
+        assert out.choices[0].finish_reason == "length"
+        assert router.metric("kvscale_router_retries_total", reason="unreachable") == 2
+        assert router.metric("kvscale_router_requests_total", replica="a", code="200") == 1
 
 
 def test_weight_zero_drains_a_replica_while_its_stream_finishes(
