@@ -14,7 +14,9 @@ share is no lower than kvscale's (`keda_at_no_lower_slo_share`; none if no KEDA 
 a second PNG puts every run on replica-seconds against SLO share.
 Each run replays the demo's phases (e2e/kvscale_demo: steady, rise, a 4x burst, quiet), their
 rates scaled to one replica's capacity measured first on this machine (the burst is 1.5x it;
-kvscale's spec declares it), and keeps the quiet rate until the Deployment is back at one
+kvscale's spec declares it in tokens/s, each request counted as the engine's own counters count
+it: runs before 6111617 assumed 63 tokens a request where the engine counted about 88, so the
+spec understated a replica by a third), and keeps the quiet rate until the Deployment is back at one
 replica (at most `SETTLE_S`). Figures per run (e2e/kvscale_demo/figures.py `measure`) and the
 kvscale/KEDA replica-seconds ratio land in bench/results/cluster_vs_keda.json, both timelines in
 bench/results/cluster_vs_keda.png.
@@ -156,17 +158,17 @@ def compare(
     settle_s: float,
     plot: Path,
     engine: str = "kvscale",
-    tokens_per_request: float = versus.TOKENS_PER_REQUEST,
 ) -> dict[str, Any]:
     """kvscale, then KEDA with each of `tunings`, on one fresh cluster: the phases `phases_for`
     gives for one replica's measured capacity (requests/s), each run kept at the last phase's rate
     until the Deployment is back at one replica (at most `settle_s`). `engine` is what every run's
     Deployment serves (kvscale's engine, or vLLM: then every answer runs to its `max_tokens`);
-    kvscale's spec declares one replica's capacity as requests/s x `tokens_per_request`."""
+    kvscale's spec declares the capacity measured: requests/s x the tokens a request cost, as
+    the engine's own counters (those the law reads) counted them during the measurement."""
     ignore_eos = engine == "vllm"
     phases: list[versus.Phase] = []
     figures: dict[str, dict[str, Any]] = {}
-    capacity = 0.0
+    calibration = versus.Calibration(0.0, 0.0)
     lines: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="kvscale-vs-keda-") as work:
         cluster = Cluster.start(Path(work) / "cluster", ClusterConfig.from_env())
@@ -181,10 +183,10 @@ def compare(
             # serves, and kvscale is told that capacity (its replicaCapacityTokensPerSecond)
             ns = _namespace(api, "vs-calibrate")
             url = versus.deploy_plain(api, ns, versus.endpoint_spec(engine=engine))
-            capacity = versus.calibrate(url, ignore_eos=ignore_eos)
+            calibration = versus.calibrate(url, ignore_eos=ignore_eos)
             _remove(api, ns)
-            phases = phases_for(capacity)
-            spec = versus.endpoint_spec(capacity * tokens_per_request, engine)
+            phases = phases_for(calibration.requests_per_s)
+            spec = versus.endpoint_spec(calibration.tokens_per_s, engine)
             with run_operator(cluster):
                 ns = _namespace(api, "vs-kvscale")
                 url = versus.deploy_kvscale(api, ns, spec)
@@ -220,7 +222,8 @@ def compare(
     return {
         "engine": engine,
         "keda_version": keda_dir().name,
-        "replica_capacity_rps": round(capacity, 2),
+        "replica_capacity_rps": round(calibration.requests_per_s, 2),
+        "tokens_per_request": round(calibration.tokens_per_request, 1),
         "slo_ttft_p99_s": versus.SLO_TTFT_S,
         "slo_interval_s": versus.SLO_INTERVAL_S,
         "phases": [vars(p) for p in phases],

@@ -27,6 +27,7 @@ import httpx
 
 from kvscale import api as kvapi
 from kvscale.children.engine import Owner, engine_deployment, engine_service
+from kvscale.tools.promtext import parse_prometheus_text, total
 from kvscale_cluster.cluster import Cluster
 from kvscale_cluster.kube_api import KubeApi, Obj
 from kvscale_cluster.wait import wait_for
@@ -296,15 +297,31 @@ def status_error(status: int, body: bytes) -> str:
 # the demo's rates assume one replica serves this many requests/s: its burst (6/s) is 1.5x that,
 # which three replicas sharing this machine's two cores still serve
 DEMO_CAPACITY = 4.0
-TOKENS_PER_REQUEST = 15 + 48  # the prompt and the answer the load asks for
+MAX_TOKENS = 48  # the answer each request of the load asks for
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """What one busy replica served: the rate phases are scaled by, and the tokens a request of
+    the load costs as the engine's own counters (the ones kvscale's law reads) count them."""
+
+    requests_per_s: float
+    tokens_per_request: float
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.requests_per_s * self.tokens_per_request
 
 
 def calibrate(
     url: str, seconds: float = 15.0, concurrency: int = 8, ignore_eos: bool = False
-) -> float:
-    """Requests/s one replica behind `url` completes when `concurrency` clients keep it busy:
-    phases scaled by it load every machine alike (a burst 1.5x what one replica serves)."""
-    load = _Load(url, TOKENS_PER_REQUEST - 15, ignore_eos)
+) -> Calibration:
+    """One replica behind `url` kept busy by `concurrency` clients: the requests/s it completes
+    (phases scaled by it load every machine alike: a burst 1.5x what one replica serves) and the
+    prompt + generated tokens each cost (the prompt as the model's tokenizer splits it, the
+    answer as long as the engine made it: not a count assumed here)."""
+    load = _Load(url, MAX_TOKENS, ignore_eos)
+    before = served_tokens(url)
 
     async def main() -> None:
         async with httpx.AsyncClient(base_url=url, timeout=120) as client:
@@ -318,7 +335,19 @@ def calibrate(
             await asyncio.gather(*(client_loop(k) for k in range(concurrency)))
 
     asyncio.run(main())
-    return sum(1 for r in load.requests if r.error is None) / seconds
+    done = sum(1 for r in load.requests if r.error is None)
+    if not done:
+        raise AssertionError(f"no request to {url} completed while calibrating")
+    return Calibration(done / seconds, (served_tokens(url) - before) / done)
+
+
+def served_tokens(url: str) -> float:
+    """Prompt + generated tokens an engine has served (vLLM's counters, which both engines keep)."""
+    samples = parse_prometheus_text(httpx.get(f"{url}/metrics", timeout=30).text)
+    counts = [total(samples, f"vllm:{kind}_tokens_total") for kind in ("prompt", "generation")]
+    if None in counts:
+        raise AssertionError(f"{url}/metrics has no vllm:prompt/generation_tokens_total")
+    return sum(c or 0.0 for c in counts)
 
 
 def scaled(phases: Sequence[Phase], capacity: float) -> list[Phase]:
@@ -367,7 +396,7 @@ def replay(
     autoscaler: str,
     phases: Sequence[Phase],
     settle_s: float,
-    max_tokens: int = 48,
+    max_tokens: int = MAX_TOKENS,
     ignore_eos: bool = False,
 ) -> Run:
     """Replay `phases` against `url`, then keep the last phase's rate until the Deployment is

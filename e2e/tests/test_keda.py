@@ -83,7 +83,7 @@ def test_keda_scales_up_and_down_and_its_scale_in_is_counted(
     url = versus.deploy_plain(kube_api, namespace, versus.endpoint_spec())
     # the queue KEDA scales on only grows where the burst exceeds what one replica serves: the
     # phases are scaled to this machine (the burst is 1.5x one replica's measured capacity)
-    capacity = versus.calibrate(url)
+    capacity = versus.calibrate(url).requests_per_s
     phases = versus.scaled((*PHASES, QUIET), capacity)
     tuning = versus.KedaTuning(threshold=2)
     versus.add_scaled_object(kube_api, cluster, namespace, tuning)
