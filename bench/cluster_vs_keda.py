@@ -15,9 +15,9 @@ a second PNG puts every run on replica-seconds against SLO share.
 Each run replays the demo's phases (e2e/kvscale_demo: steady, rise, a 4x burst, quiet), their
 rates scaled to one replica's capacity measured first on this machine (the burst is 1.5x it;
 kvscale's spec declares it in tokens/s, each request counted as the engine's own counters count
-it: runs before 6111617 assumed 63 tokens a request where the engine counted about 88, so the
-spec understated a replica by a third), and keeps the quiet rate until the Deployment is back at one
-replica (at most `SETTLE_S`). Figures per run (e2e/kvscale_demo/figures.py `measure`) and the
+it: runs before 1be2644 assumed 63 tokens a request where the engine counts about 87, so the
+spec understated a replica by a quarter), and keeps the quiet rate until the Deployment is back
+at one replica (at most `SETTLE_S`). Figures per run (e2e/kvscale_demo/figures.py `measure`) and the
 kvscale/KEDA replica-seconds ratio land in bench/results/cluster_vs_keda.json, both timelines in
 bench/results/cluster_vs_keda.png.
 `--quick` shortens every phase to a quarter.

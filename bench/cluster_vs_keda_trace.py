@@ -5,11 +5,12 @@ The same cluster, engines, SLO and runs as `cluster_vs_keda` (bench/cluster_vs_k
 phases: of every 20-minute window of the trace's hour, the one whose busiest 30 s step is furthest
 above its mean (e2e/kvscale_demo/trace_slice.py: the slice that asks most of an autoscaler), each
 30 s step replayed at its own arrival rate, scaled so the busiest step runs at 1.5x what one
-replica serves on this machine (as the demo's burst). Only the trace's arrival times are replayed;
-every request is the demo's (15 prompt tokens, 48 generated). kvscale runs with the demo's spec;
-KEDA with the tuning that beat the guides' on the demo's phases (2 waiting requests per replica,
-5 s polling, 20 s scale-down stabilization); the guides' tuning, which kept three replicas through a
-whole quiet phase there, is not rerun. Both runs end with the slice (no settling), so
+replica serves on this machine (as the demo's burst). Only the trace's arrival times are
+replayed; every request is the demo's (a 15-word prompt of about 40 tokens, 48 generated).
+kvscale runs with the demo's spec, its capacity as measured (`cluster_vs_keda`); KEDA with the
+tuning that beat the guides' on the demo's phases (2 waiting requests per replica, 5 s polling,
+20 s scale-down stabilization); the guides' tuning, which kept three replicas through a whole
+quiet phase there, is not rerun. Both runs end with the slice (no settling), so
 replica-seconds cover the same 20 minutes. Writes bench/results/cluster_vs_keda_trace.json and its
 PNG. `--quick` replays 2 minutes.
 """

@@ -98,8 +98,8 @@ def all_weighted(api: Kube, namespace: str, replicas: int) -> bool:
 def test_burst_scales_up_within_two_intervals_and_ttft_recovers(
     cluster: Cluster, operator: Any, api: Kube, namespace: str
 ) -> None:
-    # a request is ~15 prompt + 48 generated tokens: ~63 tokens; one replica is declared to
-    # carry 150 tokens/s, so 0.5 request/s needs one replica and 6 requests/s need all three
+    # a request is ~40 prompt + 48 generated tokens (the engine's count): ~87; one replica is
+    # declared to carry 150 tokens/s, so 0.5 request/s needs one replica and 6/s all three
     apply(cluster, namespace, endpoint(namespace, scaling=HINT))
     url = serving(api, namespace, ready=1)
     with Load(url, MODEL) as load:
