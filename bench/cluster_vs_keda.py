@@ -134,7 +134,7 @@ def _pareto(figures: dict[str, dict[str, Any]], path: Path) -> str | None:
         axis.plot(f["replica_seconds"], 100 * f["slo_share"], "*" if mine else "o",
                   ms=12 if mine else 7, color="C3" if mine else "C0")  # fmt: skip
         axis.annotate(name, (f["replica_seconds"], 100 * f["slo_share"]), fontsize=8,
-                      xytext=(4, 4), textcoords="offset points")  # fmt: skip
+                      xytext=(6, -12) if mine else (4, 4), textcoords="offset points")  # fmt: skip
     axis.set_xlabel("replica-seconds (fewer is cheaper)")
     axis.set_ylabel("10 s intervals within the SLO (%)")
     axis.set_title("kvscale and each KEDA tuning, one run each")
