@@ -2,9 +2,9 @@
 
 Streams pass through chunk by chunk, a client that leaves aborts the request in the engine,
 errors become OpenAI error bodies, a dead replica is skipped before the first byte, a lone
-replica that drops a connection is tried again, weight 0
-drains a replica while its in-flight stream finishes, requests are held while no replica may
-take them, and the router refuses with 429/503 + Retry-After at its bounds.
+replica that drops a connection is tried again, weight 0 drains a replica while its in-flight
+stream finishes, requests are held while no replica may take them, and the router refuses with
+429/503 + Retry-After at its bounds.
 """
 
 from __future__ import annotations
