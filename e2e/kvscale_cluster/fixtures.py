@@ -124,8 +124,9 @@ def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]
     finally:
         with contextlib.suppress(client.ApiException):
             core.delete_namespace(name)  # Terminating: no controller can create pods in it now
-            # the pods' own grace (preStop, drain delays) is what tests of shutdown measure;
-            # cleaning up after a test need not wait it out
+        # the pods' own grace (preStop, drain delays) is what tests of shutdown measure; cleaning
+        # up after a test need not wait it out
+        with contextlib.suppress(client.ApiException):
             core.delete_collection_namespaced_pod(name, grace_period_seconds=1)
         wait_for(lambda: not core.list_namespaced_pod(name).items, 120, f"pods of {name} deleted")
         api.close()
