@@ -16,6 +16,7 @@ from typing import Any
 from . import control_plane, netns, process, real_node
 from .binaries import k8s_bin_dir
 from .config import ClusterConfig, NodeConfig, nodes_from_json, nodes_to_json
+from .cpu_quota import CpuQuotas
 from .kube_api import KubeApi
 from .kube_proxy import start_kube_proxy, wait_kube_proxy
 from .kubeconfig import write_kubeconfig
@@ -223,6 +224,7 @@ class Cluster:
                 f"--pod-logs={self.pod_logs_dir}",
                 f"--tls-cert={pki.serving_cert}",
                 f"--tls-key={pki.serving_key}",
+                *(["--cpu-cfs-quota"] if config.cpu_cfs_quota else []),
             ],
             logs,
         )
@@ -300,6 +302,7 @@ class Cluster:
             if pid is not None:
                 process.stop(pid, grace=20.0 if name == "kubelet" else 10.0)
         netns.release_slot(self.state.slot, self.state.directory)
+        CpuQuotas.of_slot(self.state.slot).close(wait_s=5.0)  # a crashed kubelet's cgroups
         self.state.pids = {}
         if self.directory.exists():
             self.state.save()

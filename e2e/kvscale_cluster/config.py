@@ -40,6 +40,9 @@ class ClusterConfig:
     network: str = "auto"
     prometheus: bool = True
     real_node: bool = False  # a third node under the upstream kubelet (real_node.py)
+    # containers' CPU limits enforced as CFS quotas (cpu_quota.py), as the kubelet's
+    # --cpu-cfs-quota does; off by default here, where two cores run the whole cluster
+    cpu_cfs_quota: bool = False
     # images the real node's containerd copies from Docker's engine when it starts (`docker save
     # | ctr images import -`, no tarball on disk): what the image tarballs do not hold
     docker_images: tuple[str, ...] = ()
@@ -53,7 +56,8 @@ class ClusterConfig:
     @classmethod
     def from_env(cls) -> ClusterConfig:
         """Defaults, overridden by ``KVSCALE_CLUSTER_NODES`` ("name:gpus,name:gpus") and
-        ``KVSCALE_POD_NETWORK``; ``KVSCALE_REAL_NODE=1`` adds the real node."""
+        ``KVSCALE_POD_NETWORK``; ``KVSCALE_REAL_NODE=1`` adds the real node and
+        ``KVSCALE_CPU_CFS_QUOTA=1`` enforces CPU limits."""
         spec = os.environ.get("KVSCALE_CLUSTER_NODES", "")
         nodes = default_nodes()
         if spec:
@@ -65,6 +69,7 @@ class ClusterConfig:
             nodes=nodes,
             network=os.environ.get("KVSCALE_POD_NETWORK", "auto"),
             real_node=os.environ.get("KVSCALE_REAL_NODE") == "1",
+            cpu_cfs_quota=os.environ.get("KVSCALE_CPU_CFS_QUOTA") == "1",
         )
 
 

@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .cpu_quota import CpuQuotas
 from .kube_api import Obj
 from .netns import PodAddress
 from .nodes import now_iso
@@ -44,6 +45,7 @@ class ContainerRun:
     env: dict[str, str]
     log: Path
     init: bool = False
+    cgroup: Path | None = None  # its CPU limit's cgroup (cpu_quota.py), where one is enforced
     proc: subprocess.Popen[bytes] | None = None
     starts: int = 0
     started_at: str = ""
@@ -73,9 +75,12 @@ class ContainerRun:
         """Start the process in the pod's namespace, in its own process group."""
         workdir = self.spec.get("workingDir")
         cwd = Path(workdir) if workdir and Path(workdir).is_dir() else default_cwd
+        argv = address.wrap(self.argv)
+        if self.cgroup is not None:
+            argv = CpuQuotas.join_argv(self.cgroup, argv)
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(
-                address.wrap(self.argv),
+                argv,
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,

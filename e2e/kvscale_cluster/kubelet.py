@@ -17,6 +17,7 @@ from pathlib import Path
 from types import FrameType
 
 from .config import NodeConfig, nodes_from_json
+from .cpu_quota import CpuQuotas
 from .kube_api import MERGE, ApiError, KubeApi, Obj
 from .log_server import start_log_server
 from .netns import make_network
@@ -164,6 +165,8 @@ class Kubelet:
             worker.shutdown()
         for worker in self.workers.values():
             worker.join(timeout=15)
+        if self.ctx.cpu_quotas is not None:
+            self.ctx.cpu_quotas.close()
         log.info("Kubelet stopped %d pods", len(self.workers))
 
 
@@ -180,6 +183,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--pod-logs", type=Path, required=True)
     parser.add_argument("--tls-cert", type=Path, required=True, help="for the log endpoint")
     parser.add_argument("--tls-key", type=Path, required=True)
+    parser.add_argument(
+        "--cpu-cfs-quota",
+        action="store_true",
+        help="enforce containers' CPU limits with CFS quotas (cgroup v1 cpu controller)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(threadName)s %(message)s"
@@ -192,6 +200,7 @@ def main(argv: list[str] | None = None) -> None:
         network_lock=threading.Lock(),
         state_dir=args.state_dir,
         pod_logs=args.pod_logs,
+        cpu_quotas=CpuQuotas.for_slot(args.slot) if args.cpu_cfs_quota else None,
     )
     host = ctx.network.host_ip
     port = free_port(host)

@@ -18,6 +18,7 @@ import httpx
 
 from . import images
 from .container_run import ContainerRun, exit_code, stop_runs, waiting_status
+from .cpu_quota import CpuQuotas, cpu_limit
 from .events import record_event
 from .kube_api import ApiError, KubeApi, Obj
 from .netns import PodAddress, PodNetwork
@@ -39,6 +40,7 @@ class PodContext:
     network_lock: threading.Lock
     state_dir: Path
     pod_logs: Path
+    cpu_quotas: CpuQuotas | None = None  # CPU limits enforced (the kubelet's --cpu-cfs-quota)
 
 
 class PodWorker(threading.Thread):
@@ -101,6 +103,7 @@ class PodWorker(threading.Thread):
             stop_runs([*self.inits, *self.runs], self.address, 2.0)
         finally:
             self._release_network()
+            self._release_cgroups()
             self.api.close()
 
     def _live(self) -> None:
@@ -184,6 +187,9 @@ class PodWorker(threading.Thread):
         for index, (spec, argv, env) in enumerate(zip(containers, bases, envs, strict=True)):
             logfile = self.ctx.pod_logs / f"{self.namespace}_{self.pod_name}_{spec['name']}.log"
             run = ContainerRun(spec, expand_argv(argv, env), env, logfile, init=index < len(inits))
+            cores = cpu_limit(spec)
+            if self.ctx.cpu_quotas is not None and cores is not None:
+                run.cgroup = self.ctx.cpu_quotas.create(f"{self.uid}-{run.name}", cores)
             if inits and not run.init:
                 run.state = {"waiting": {"reason": "PodInitializing"}}
             (self.inits if run.init else self.runs).append(run)
@@ -293,6 +299,13 @@ class PodWorker(threading.Thread):
             with self.ctx.network_lock:
                 self.ctx.network.detach(self.address)
             self.address = None
+
+    def _release_cgroups(self) -> None:
+        """Remove the containers' cgroups (their processes have exited by now; one that has not
+        is left for the kubelet's last sweep)."""
+        for run in [*self.inits, *self.runs]:
+            if run.cgroup is not None and not run.running and CpuQuotas.remove(run.cgroup):
+                run.cgroup = None
 
     # -- status
     def _phase(self) -> str:

@@ -3,7 +3,8 @@
 ``GET /`` answers with the pod's name and address, ``GET /healthz`` with ok, ``GET /metrics`` with
 a Prometheus counter of requests. It also stands in for the engine in the operator's
 control-plane tests: it answers the engine's ``/health``, ``/ready`` and ``/drain`` and ignores
-the engine arguments it does not know. On SIGTERM it writes ``$TERM_MARKER_DIR/<pod>`` (when set),
+the engine arguments it does not know. With ``--burn`` a thread keeps one CPU busy (the CPU-limit
+tests). On SIGTERM it writes ``$TERM_MARKER_DIR/<pod>`` (when set),
 waits ``--term-delay`` seconds, and exits 0: the graceful-shutdown tests look for that file.
 """
 
@@ -53,12 +54,18 @@ class Server(ThreadingHTTPServer):
     requests = 0
 
 
+def _burn() -> None:
+    while True:
+        sum(range(10_000))
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="kvscale-testserver")
     parser.add_argument("--port", type=int, default=8080)
     parser.add_argument("--host", default="0.0.0.0")
     parser.add_argument("--term-delay", type=float, default=0.0)
     parser.add_argument("--exit-code", type=int, default=None, help="exit at once with this code")
+    parser.add_argument("--burn", action="store_true", help="keep one CPU busy while serving")
     args, _engine_args = parser.parse_known_args(argv)
     if args.exit_code is not None:
         print(f"Exiting with {args.exit_code} as asked", flush=True)
@@ -75,6 +82,8 @@ def main(argv: list[str] | None = None) -> None:
         threading.Thread(target=server.shutdown).start()
 
     signal.signal(signal.SIGTERM, on_term)
+    if args.burn:
+        threading.Thread(target=_burn, name="burn", daemon=True).start()
     print(f"Serving on {args.host}:{args.port}", flush=True)
     server.serve_forever()
     print("Stopped", flush=True)
