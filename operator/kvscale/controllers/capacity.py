@@ -453,8 +453,12 @@ def _choose(
         return 0, "ScaledToZero", "No demand and no replicas"
     panic = _panic(history, spec, tick)
     if panic is not None:
-        # at least one more replica unless some are still starting; demand sizes the rest
-        starting = tick.current > tick.ready
+        # at least one more replica unless some are still starting or one turned Ready since
+        # the last interval (the backlog read now was built before it served); demand, the
+        # backlog included, sizes the rest
+        prev = _previous(history)
+        joined = prev is not None and tick.ready > prev.fleet.ready
+        starting = tick.current > tick.ready or joined
         target = max(want, tick.current if starting else tick.current + 1)
         if target > tick.current:
             return target, panic, f"{_PANIC_TEXT[panic]}: adding replicas at once ({sizing})"

@@ -518,3 +518,51 @@ def test_an_endpoint_near_its_capacity_still_scales_up() -> None:
     assert counts(decisions[15:25]).count(1) >= 8  # half its capacity: one replica will do
     assert all(d.per_replica_tokens_per_s <= SLO_CAPACITY for d in decisions)
     assert min(counts(decisions[26:])) == 2
+
+
+def _joining(
+    i: int, served: list[float], waiting: list[float], ttft: float, ready: int
+) -> Snapshot:
+    """Replicas serving `served` tokens/s each (half prompt) with `waiting` requests queued."""
+    reps = tuple(
+        ReplicaSignals(
+            pod=f"p{j}",
+            prompt_tokens_per_s=s / 2,
+            generation_tokens_per_s=s / 2,
+            running=4,
+            waiting=w,
+            kv_usage=0.3,
+            successes_per_s=s / 100,
+            latency=Latency(ttft_p99=ttft),
+            created_at=0.0,
+        )
+        for j, (s, w) in enumerate(zip(served, waiting, strict=True))
+    )
+    return Snapshot(
+        taken_at=i * 10.0,
+        window_s=10.0,
+        replicas=reps,
+        latency=Latency(ttft_p99=ttft, itl_p99=0.05),
+        fleet=Fleet(current=2 if i > 5 else 1, ready=ready, startup_seconds=10.0),
+    )
+
+
+def test_a_backlog_read_as_the_added_replica_turns_ready_waits_for_it() -> None:
+    """One replica (1,000 tokens/s) under a burst of about 1.5x: the queue grows and the law adds
+    a second. The interval in which it turns Ready reads the backlog the first built alone, the
+    p99 TTFT above the SLO: demand, that backlog included, needs the two there are, so no third
+    is added for it (on the cluster's demo the third came then, and was removed a minute later).
+    When the queue then grows with both serving, the law adds replicas at once."""
+    endpoint = spec(capacityIntervalSeconds=10, scaleDownStabilizationSeconds=20)
+    history = [_joining(i, [500.0], [0.0], 0.2, 1) for i in range(5)] + [
+        _joining(5, [1000.0], [6.0], 3.0, 1),
+        _joining(6, [1000.0], [12.0], 4.0, 1),  # the second is starting
+        _joining(7, [1000.0, 600.0], [3.0, 2.0], 5.0, 2),  # it turned Ready: the backlog drains
+        _joining(8, [1000.0, 1000.0], [5.0, 5.0], 4.0, 2),  # both serve, and the queue grew
+    ]
+    decisions = _walk(history, endpoint, 1)
+    assert counts(decisions)[:5] == [1] * 5
+    assert decisions[5].desired == 2 and decisions[5].reason == "QueueGrowing"
+    assert decisions[6].desired == 2
+    assert decisions[7].desired == 2 and decisions[7].reason != "TTFTAboveSLO"
+    assert decisions[8].desired >= 3 and decisions[8].reason == "QueueGrowing"
