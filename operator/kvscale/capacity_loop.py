@@ -165,7 +165,11 @@ class CapacityLoop:
         self._source = self.ctx.source(scaling.signals)
         snap = await self._source.snapshot(target, now)
         born = {p["metadata"]["name"]: fleet.created_at(p) for p in pods}
-        replicas = tuple(replace(r, created_at=born.get(r.pod)) for r in snap.replicas)
+        ready = {p["metadata"]["name"]: fleet.ready_since(p) for p in pods}
+        replicas = tuple(
+            replace(r, created_at=born.get(r.pod), ready_since=ready.get(r.pod))
+            for r in snap.replicas
+        )
         return replace(snap, replicas=replicas, fleet=fleet.fleet(current, pods))
 
     async def _decide(

@@ -48,6 +48,7 @@ class ReplicaSignals:
     prefix_hit_rate: float | None = None  # hits / queries, in tokens
     sample_age_s: float = 0.0  # age of this replica's newest sample
     created_at: float | None = None  # the pod's creationTimestamp (unix seconds), for victims
+    ready_since: float | None = None  # when it last turned Ready (unix seconds; None: unknown)
     deferred_waiting: float = 0.0  # of `waiting`, deferred work (yielding to interactive work)
     deferred_preemptions_per_s: float = 0.0  # of `preemptions_per_s`, deferred work's
 

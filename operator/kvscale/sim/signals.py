@@ -111,6 +111,7 @@ class Scraper:
                     latency=_latency(d_ttft, d_itl),
                     sample_age_s=t - newest.t,
                     created_at=now.created_at,
+                    ready_since=now.ready_at,
                     deferred_waiting=now.deferred_waiting,
                     deferred_preemptions_per_s=float(rate[7]),
                 )

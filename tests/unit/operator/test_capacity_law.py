@@ -566,3 +566,34 @@ def test_a_backlog_read_as_the_added_replica_turns_ready_waits_for_it() -> None:
     assert decisions[6].desired == 2
     assert decisions[7].desired == 2 and decisions[7].reason != "TTFTAboveSLO"
     assert decisions[8].desired >= 3 and decisions[8].reason == "QueueGrowing"
+
+
+def test_a_replica_ready_for_part_of_the_window_teaches_nothing_of_the_capacity() -> None:
+    """The SLO breaks under a backlog that one replica (1,140 tokens/s) built alone; a second
+    turned Ready 3 s before the reading and served 330 tokens/s over the window. What a replica
+    carries when the SLO breaks is the first's figure, not the median of the two (735, which the
+    law learned on the cluster's demo and then sized the burst with). Without the readiness
+    times (snapshots from before they were read) both count, as they did."""
+    endpoint = spec(capacityIntervalSeconds=10, replicaCapacityTokensPerSecond=1140)
+
+    def reading(ready_since: float | None) -> Snapshot:
+        replicas = (
+            ReplicaSignals(pod="old", prompt_tokens_per_s=570.0, generation_tokens_per_s=570.0,
+                           running=4, waiting=8, kv_usage=0.3, successes_per_s=12.0,
+                           latency=Latency(ttft_p99=4.0), ready_since=0.0),
+            ReplicaSignals(pod="new", prompt_tokens_per_s=165.0, generation_tokens_per_s=165.0,
+                           running=4, waiting=4, kv_usage=0.2, successes_per_s=3.0,
+                           latency=Latency(ttft_p99=4.0), ready_since=ready_since),
+        )  # fmt: skip
+        return Snapshot(
+            taken_at=100.0,
+            window_s=10.0,
+            replicas=replicas,
+            latency=Latency(ttft_p99=4.0, itl_p99=0.05),
+            fleet=Fleet(current=2, ready=2, startup_seconds=10.0),
+        )
+
+    learned = decide([reading(97.0)], endpoint, CapacityState(desired=2), 100.0).state
+    assert learned.capacity.high == pytest.approx(1140.0)
+    unknown = decide([reading(None)], endpoint, CapacityState(desired=2), 100.0).state
+    assert unknown.capacity.high == pytest.approx(735.0)
