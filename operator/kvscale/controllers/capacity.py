@@ -327,10 +327,10 @@ def _saturated(replica: ReplicaSignals) -> bool:
 def _settled(snap: Snapshot) -> Snapshot:
     """The snapshot's replicas that were Ready through its whole window, where there are any:
     one that turned Ready inside it served part of the window, and its rate over the window (or
-    over its process's life) understates what it carries. Beside one replica that had built a
-    backlog alone, a second turned Ready a few seconds earlier took the median of the two to
-    733 tokens/s, and the law learned that a replica breaks there, against the 1,140 measured
-    alone (the cluster's demo, engines held to their CPU limits), and sized the burst with it."""
+    over its process's life) understates what it carries. Beside one replica with a backlog, a
+    second Ready for the last seconds of the window halves the median of the two, and a break
+    read then would bound the capacity at that half (as fresh vLLM replicas beside a backlogged
+    one once bounded it at 89 tokens/s, docs/keda.md)."""
     start = snap.taken_at - snap.window_s
     settled = tuple(r for r in snap.replicas if r.ready_since is None or r.ready_since <= start)
     if not settled or len(settled) == len(snap.replicas):

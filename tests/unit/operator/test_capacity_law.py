@@ -571,9 +571,8 @@ def test_a_backlog_read_as_the_added_replica_turns_ready_waits_for_it() -> None:
 def test_a_replica_ready_for_part_of_the_window_teaches_nothing_of_the_capacity() -> None:
     """The SLO breaks under a backlog that one replica (1,140 tokens/s) built alone; a second
     turned Ready 3 s before the reading and served 330 tokens/s over the window. What a replica
-    carries when the SLO breaks is the first's figure, not the median of the two (735, which the
-    law learned on the cluster's demo and then sized the burst with). Without the readiness
-    times (snapshots from before they were read) both count, as they did."""
+    carries when the SLO breaks is the first's figure, not the median of the two (735). Without
+    the readiness times (snapshots from before they were read) both count, as they did."""
     endpoint = spec(capacityIntervalSeconds=10, replicaCapacityTokensPerSecond=1140)
 
     def reading(ready_since: float | None) -> Snapshot:
