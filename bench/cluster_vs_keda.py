@@ -231,7 +231,7 @@ def compare(
         # each engine container held to its CPU limit (the spec's 500m) by a CFS quota, as a
         # kubelet does: a replica serves the same whether it runs alone or beside two others
         "cpu_limits_enforced": config.cpu_cfs_quota,
-        "engine_cpu_limit": versus.endpoint_spec(engine=engine)["resources"]["cpu"],
+        "engine_cpu_limit": spec["resources"]["cpu"],
         "replica_capacity_rps": round(calibration.requests_per_s, 2),
         "tokens_per_request": round(calibration.tokens_per_request, 1),
         "slo_ttft_p99_s": versus.SLO_TTFT_S,

@@ -66,13 +66,11 @@ class CpuQuotas:
                 "(mounted, with cpu.cfs_quota_us)"
             )
         quotas = cls.of_slot(slot, controller)
+        quotas.close()
         try:
             quotas.root.mkdir(parents=True, exist_ok=True)
         except OSError as error:
             raise QuotaError(f"cannot create {quotas.root}: {error}") from error
-        for stale in quotas.root.iterdir():
-            if stale.is_dir():
-                quotas.remove(stale)
         return quotas
 
     def create(self, name: str, cores: float) -> Path:

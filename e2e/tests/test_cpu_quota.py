@@ -81,7 +81,7 @@ def test_a_cpu_limit_caps_a_busy_container_and_no_limit_does_not(
     assert int((folder / "cpu.cfs_quota_us").read_text()) == int(LIMIT * PERIOD_US)
     assert int((folder / "cpu.cfs_period_us").read_text()) == PERIOD_US
 
-    time.sleep(1.0)  # past the interpreter's start
+    wait_for(lambda: throttled(folder)[1] > 0, 30, "held busy under its quota")
     used, began = _cpu_seconds(held), time.monotonic()
     periods, throttles = throttled(folder)
     time.sleep(WINDOW_S)
