@@ -163,13 +163,15 @@ def compare(
     settle_s: float,
     plot: Path,
     engine: str = "kvscale",
+    lead_in_s: float = 0.0,
 ) -> dict[str, Any]:
     """kvscale, then KEDA with each of `tunings`, on one fresh cluster: the phases `phases_for`
     gives for one replica's measured capacity (requests/s), each run kept at the last phase's rate
     until the Deployment is back at one replica (at most `settle_s`). `engine` is what every run's
     Deployment serves (kvscale's engine, or vLLM: then every answer runs to its `max_tokens`);
     kvscale's spec declares the capacity measured: requests/s x the tokens a request cost, as
-    the engine's own counters (those the law reads) counted them during the measurement."""
+    the engine's own counters (those the law reads) counted them during the measurement. With
+    `lead_in_s`, each run first holds the first phase's rate that long, outside the figures."""
     ignore_eos = engine == "vllm"
     phases: list[versus.Phase] = []
     figures: dict[str, dict[str, Any]] = {}
@@ -197,8 +199,9 @@ def compare(
                 ns = _namespace(api, "vs-kvscale")
                 url = versus.deploy_kvscale(api, ns, spec)
                 result = versus.replay(
-                    api, ns, url, "kvscale", phases, settle_s, ignore_eos=ignore_eos
-                )
+                    api, ns, url, "kvscale", phases, settle_s, ignore_eos=ignore_eos,
+                    lead_in_s=lead_in_s,
+                )  # fmt: skip
                 endpoint = api.get(
                     f"/apis/kvscale.io/v1alpha1/namespaces/{ns}/llmendpoints/{versus.NAME}"
                 )
@@ -210,7 +213,10 @@ def compare(
                 ns = _namespace(api, f"vs-{name}")
                 url = versus.deploy_plain(api, ns, spec)
                 versus.add_scaled_object(api, cluster, ns, tuning)
-                result = versus.replay(api, ns, url, name, phases, settle_s, ignore_eos=ignore_eos)
+                result = versus.replay(
+                    api, ns, url, name, phases, settle_s, ignore_eos=ignore_eos,
+                    lead_in_s=lead_in_s,
+                )  # fmt: skip
                 figures[name], lines[name] = measure(result), timeline(result)
                 figures[name]["tuning"] = vars(tuning)
                 _remove(api, ns)
@@ -237,6 +243,8 @@ def compare(
         "slo_ttft_p99_s": versus.SLO_TTFT_S,
         "slo_interval_s": versus.SLO_INTERVAL_S,
         "phases": [vars(p) for p in phases],
+        # seconds at the first phase's rate before the phases, left out of every figure
+        "lead_in_s": lead_in_s,
         "results": figures,
         "replica_seconds_ratio_kvscale_to": ratios,
         # the like-for-like figure: the cheapest KEDA run at no lower SLO share than kvscale's

@@ -43,20 +43,22 @@ def _scale_in_windows(samples: Sequence[Sample], tail_s: float = 5.0) -> list[tu
 
 def measure(run: Run, slo_s: float = SLO_TTFT_S) -> dict[str, Any]:
     """Replica-seconds, SLO share, p99 TTFT per phase, failures (in scale-in windows too),
-    scaling changes and the time from the burst to the first added Ready replica."""
+    scaling changes and the time from the burst to the first added Ready replica, over the
+    phases only: what a lead-in before them (`replay`'s `lead_in_s`) sent or scaled is left out."""
     begin, end = run.phases[0][1], run.phases[-1][2]
     inside = [s for s in run.samples if begin <= s.t <= end]
+    requests = [r for r in run.requests if begin <= r.started <= end]
     replica_s = sum(a.replicas * (b.t - a.t) for a, b in itertools.pairwise(inside))
     intervals = max(1, math.ceil((end - begin) / SLO_INTERVAL_S))
     within = 0
     for k in range(intervals):
         lo, hi = begin + k * SLO_INTERVAL_S, begin + (k + 1) * SLO_INTERVAL_S
-        there = [r for r in run.requests if lo <= r.started < hi]
+        there = [r for r in requests if lo <= r.started < hi]
         ttft = p99([r.ttft_s for r in there if r.ttft_s is not None])
         within += int(not any(r.error for r in there) and (ttft is None or ttft <= slo_s))
     per_phase: dict[str, Any] = {}
     for name, lo, hi in run.phases:
-        there = [r for r in run.requests if lo <= r.started < hi]
+        there = [r for r in requests if lo <= r.started < hi]
         ttft = p99([r.ttft_s for r in there if r.ttft_s is not None])
         per_phase[name] = {
             "requests": len(there),
@@ -64,9 +66,9 @@ def measure(run: Run, slo_s: float = SLO_TTFT_S) -> dict[str, Any]:
             "p99_ttft_s": None if ttft is None else round(ttft, 3),
         }
     windows = _scale_in_windows(run.samples)
-    failed = [r for r in run.requests if r.error]
+    failed = [r for r in requests if r.error]
     cut = [r for r in failed if any(lo <= r.ended <= hi for lo, hi in windows)]
-    changes = sum(1 for a, b in itertools.pairwise(run.samples) if a.desired != b.desired)
+    changes = sum(1 for a, b in itertools.pairwise(inside) if a.desired != b.desired)
     burst = next((lo for name, lo, _ in run.phases if name == "burst"), None)
     first_added: float | None = None
     if burst is not None:
@@ -78,7 +80,7 @@ def measure(run: Run, slo_s: float = SLO_TTFT_S) -> dict[str, Any]:
         "slo_share": round(within / intervals, 3),
         "slo_intervals": intervals,
         "phases": per_phase,
-        "requests": len(run.requests),
+        "requests": len(requests),
         "failed": len(failed),
         # of those, refused at admission (429 with Retry-After: back-pressure, never accepted)
         "refused": sum(1 for r in failed if (r.error or "").startswith(REFUSED)),

@@ -398,11 +398,16 @@ def replay(
     settle_s: float,
     max_tokens: int = MAX_TOKENS,
     ignore_eos: bool = False,
+    lead_in_s: float = 0.0,
 ) -> Run:
     """Replay `phases` against `url`, then keep the last phase's rate until the Deployment is
-    back at its minimum (at most `settle_s`, folded into the last phase)."""
+    back at its minimum (at most `settle_s`, folded into the last phase). A lead-in first holds
+    the first phase's rate for `lead_in_s`, outside `run.phases`: the figures leave it out."""
     run = Run(autoscaler)
     with _Sampler(api, namespace, run.samples), _Load(url, max_tokens, ignore_eos) as load:
+        if lead_in_s > 0 and phases:
+            load.rate = phases[0].rate
+            time.sleep(lead_in_s)
         for i, phase in enumerate(phases):
             load.rate = phase.rate
             start = time.monotonic()
