@@ -409,8 +409,8 @@ def replay(
             load.rate = phases[0].rate
             time.sleep(lead_in_s)
         for i, phase in enumerate(phases):
+            start = time.monotonic()  # before the rate: no request of the phase precedes it
             load.rate = phase.rate
-            start = time.monotonic()
             time.sleep(phase.seconds)
             if i == len(phases) - 1:
                 with_min = lambda: _sample(api, namespace).replicas == MIN_REPLICAS  # noqa: E731
