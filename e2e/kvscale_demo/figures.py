@@ -65,7 +65,8 @@ def measure(run: Run, slo_s: float = SLO_TTFT_S) -> dict[str, Any]:
             "failed": sum(1 for r in there if r.error),
             "p99_ttft_s": None if ttft is None else round(ttft, 3),
         }
-    windows = _scale_in_windows(run.samples)
+    # a scale-in that reaches into the phases counts; one over before them (in a lead-in) does not
+    windows = [w for w in _scale_in_windows(run.samples) if w[1] >= begin]
     failed = [r for r in requests if r.error]
     cut = [r for r in failed if any(lo <= r.ended <= hi for lo, hi in windows)]
     changes = sum(1 for a, b in itertools.pairwise(inside) if a.desired != b.desired)
@@ -88,7 +89,7 @@ def measure(run: Run, slo_s: float = SLO_TTFT_S) -> dict[str, Any]:
         "scale_in_windows": len(windows),
         "failure_examples": sorted({r.error or "" for r in failed})[:5],
         "scaling_changes": changes,
-        "max_replicas": max((s.desired for s in run.samples), default=0),
+        "max_replicas": max((s.desired for s in inside), default=0),
         "final_replicas": run.samples[-1].replicas if run.samples else None,
         "burst_to_first_added_ready_s": first_added,
     }

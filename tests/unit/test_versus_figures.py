@@ -72,7 +72,8 @@ def test_slo_share_counts_intervals_with_a_late_or_failed_request() -> None:
 
 def test_a_lead_in_before_the_first_phase_is_left_out_of_every_figure() -> None:
     # 30 s of lead-in before t=0: a pod added and a request refused there count nowhere
-    lead = [Sample(t=-30.0, desired=1, replicas=1, ready=1), Sample(-20.0, 3, 3, 1)]
+    lead = [Sample(t=-30.0, desired=1, replicas=1, ready=1), Sample(-20.0, 3, 3, 1),
+            Sample(-15.0, 1, 3, 1), Sample(-10.0, 1, 1, 1)]  # fmt: skip
     early = Request(-25, -24, None, "HTTP 429 (deadline)")
     scripted = run(early, Request(1, 2, 0.1, None))
     scripted.samples = [*lead, *SAMPLES]
@@ -80,7 +81,8 @@ def test_a_lead_in_before_the_first_phase_is_left_out_of_every_figure() -> None:
     assert figures["requests"] == 1 and figures["failed"] == 0 and figures["refused"] == 0
     assert figures["replica_seconds"] == 14 + 60 + 16  # from t=0 on, as without the lead-in
     assert figures["slo_share"] == 1.0
-    assert figures["scaling_changes"] == 2  # the lead-in's 1 -> 3 is not one of them
+    assert figures["scaling_changes"] == 2  # the lead-in's 1 -> 3 -> 1 is not one of them
+    assert figures["scale_in_windows"] == 1 and figures["max_replicas"] == 2
     # the same request inside the phases is counted
     assert measure(run(Request(25, 26, None, "HTTP 429 (deadline)")))["refused"] == 1
 
