@@ -85,13 +85,15 @@ class ModelRunner:
         items = sorted(
             batch.seqs, key=lambda s: (s.num_new_tokens != 1, s.end * (s.num_new_tokens == 1))
         )
-        hidden = self._replay(items) if self.graphs is not None else None
-        if hidden is None:  # eager
-            hidden = self._forward(items)
-        ends = list(itertools.accumulate(i.num_new_tokens for i in items))
         sampling = [n for n, i in enumerate(items) if i.samples]
-        last = to_device([ends[n] - 1 for n in sampling], torch.long, self.device)
-        logits = self.model.compute_logits(hidden.index_select(0, last)).float()
+        hidden = self._replay(items) if self.graphs is not None else None
+        if hidden is None:  # eager: the last layer computes the sampling rows alone
+            hidden = self._forward(items, sampling)
+        else:
+            ends = list(itertools.accumulate(i.num_new_tokens for i in items))
+            last = to_device([ends[n] - 1 for n in sampling], torch.long, self.device)
+            hidden = hidden.index_select(0, last)
+        logits = self.model.compute_logits(hidden).float()
         requests = [
             SampleRequest(items[n].seq.params, items[n].seq.num_output_tokens) for n in sampling
         ]
@@ -104,7 +106,8 @@ class ModelRunner:
         )
         return [tokens[id(i)] for i in batch.seqs if i.samples]
 
-    def _forward(self, items: list[ScheduledSeq]) -> torch.Tensor:
+    def _forward(self, items: list[ScheduledSeq], sampling: list[int]) -> torch.Tensor:
+        """Hidden states of the last row of each item in `sampling`."""
         input_ids, positions = self._inputs(items)
         spans = [SeqSpan(i.start, i.num_new_tokens, i.seq.block_table) for i in items]
         meta = build_metadata(
@@ -114,7 +117,9 @@ class ModelRunner:
             self.device,
             self.block_mask_fn,
             self.paged_decode,
+            outputs=sampling,
         )
+        # without last_layer every row samples (one token each), so every row is wanted
         out: torch.Tensor = self.model(input_ids, positions, self.kv_caches, meta)
         return out
 

@@ -58,8 +58,14 @@ class Attention(nn.Module):
         del self.q_proj, self.k_proj, self.v_proj
 
     def forward(
-        self, x: torch.Tensor, rope: Rope, cache: KVCache, meta: AttentionMetadata
+        self,
+        x: torch.Tensor,
+        rope: Rope,
+        cache: KVCache,
+        meta: AttentionMetadata,
+        rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        """Every row's K and V go to the cache; the output only for `rows` when given."""
         if self.qkv_proj is not None:
             q, k, v = self.qkv_proj(x).split(self.qkv_sizes, dim=-1)
         else:
@@ -68,6 +74,8 @@ class Attention(nn.Module):
         k = k.view(-1, self.kv_heads, self.head_dim)
         v = v.view(-1, self.kv_heads, self.head_dim)
         q, k = rotate(rope, q, k)
+        if rows is not None:
+            q = q.index_select(0, rows)
         o = self.attn(q, k, v, cache, meta)
         out: torch.Tensor = self.o_proj(o.reshape(-1, self.heads * self.head_dim))
         return out
@@ -104,9 +112,16 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size)
 
     def forward(
-        self, x: torch.Tensor, rope: Rope, cache: KVCache, meta: AttentionMetadata
+        self,
+        x: torch.Tensor,
+        rope: Rope,
+        cache: KVCache,
+        meta: AttentionMetadata,
+        rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        h: torch.Tensor = x + self.self_attn(self.input_layernorm(x), rope, cache, meta)
+        """`rows`: only these rows' outputs (every row's K/V is still cached)."""
+        attended = self.self_attn(self.input_layernorm(x), rope, cache, meta, rows)
+        h: torch.Tensor = (x if rows is None else x.index_select(0, rows)) + attended
         out: torch.Tensor = h + self.mlp(self.post_attention_layernorm(h))
         return out
 
@@ -126,10 +141,15 @@ class LlamaModel(nn.Module):
         caches: list[KVCache],
         meta: AttentionMetadata,
     ) -> torch.Tensor:
+        """Hidden states of every row; of `meta.last_layer.rows` only when the step set them."""
         x = self.embed_tokens(input_ids)
         rope = self.rotary.at(positions, x.dtype)  # once a step, not once a layer
-        for layer, cache in zip(self.layers, caches, strict=True):
-            x = layer(x, rope, cache, meta)
+        last = meta.last_layer
+        for n, (layer, cache) in enumerate(zip(self.layers, caches, strict=True)):
+            if last is not None and n == len(self.layers) - 1:
+                x = layer(x, rope, cache, last.meta, last.rows)
+            else:
+                x = layer(x, rope, cache, meta)
         return self.norm(x)  # type: ignore[no-any-return]
 
 
