@@ -90,6 +90,7 @@ def _compare(
         requests = [_request(i, p, rng) for i in range(count)]
         cpu = time.process_time()
         ours = _run_load(server, Load(f"closed_{n}", requests, n))
+        del ours["records"]
         ours["client_cpu_s"] = round(time.process_time() - cpu, 2)
         theirs = _guidellm(server.url, guidellm, model, n, count, p, tmp / f"gl-{n}.json")
         pairs = {k: (ours[k], theirs[k]) for k in ("output_tok_s", "ttft_p50_ms", "itl_mean_ms")}
