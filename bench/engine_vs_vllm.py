@@ -93,7 +93,38 @@ Then (2026-12-03, on a Xeon with AVX-512 where earlier runs had an EPYC), two fi
   with the cache warm), and the KV cache asks for transparent huge pages (`host_allocator.py`;
   2.94-3.05 -> 2.64-2.79 ms a layer with 8 layers' caches read in turn).
 
-The run in bench/results/engine_vs_vllm.json (e136df4, Xeon, ABBA, load average at start 0.6;
+Then (2026-12-04, on an AMD EPYC), the prefill. TTFT p99 at the Poisson rates was the one target
+missed, and offline a long prompt's prefill was at the GEMMs' speed (76% of it in oneDNN's packed
+GEMMs, 13% in SDPA, 6% elementwise, torch.profiler over a 360-token prompt). Two levers, A/B on
+offline prefills, alternating:
+- the last layer only for the rows that sample: every row's K/V goes to the cache, then the kept
+  rows (a prompt's last token, each decode) attend as decodes over their contexts and only they
+  run o_proj and the MLP (`layers/attention.py`, `last_layer`): 360 tokens 205 -> 183 ms, 170
+  tokens 96 -> 84 ms;
+- a whole prompt's causal attention in chunks of 64 queries, each over the keys up to its last
+  row (torch's CPU kernel skips masked keys only in blocks of 512): 360 tokens 191 -> 185 ms,
+  1,000 tokens 566 -> 552 ms. Not taken: chunks of 128 or 256 (slower than 64), merging
+  an off-diagonal and a diagonal call by their log-sum-exp (slower than the masked chunks).
+Offline, one prompt at a time, the engine's prefill is now shorter than vLLM's on this machine
+(170 / 360 / 1,000 tokens: 84 / 185 / 552 ms against 98 / 198 / 672 ms). Served under Poisson
+load, though, the p99 is not the longest prompt: it is a request that arrives while another
+prompt's prefill runs (a probe of the 2 req/s schedule: the slowest first token was a 106-token
+prompt's, 297 ms on the engine, 331 ms on vLLM), and 30 requests a run made the p99 about the
+slowest one. The benchmark now sends 60 Poisson requests a round and pools both rounds' requests
+for the latency percentiles. Checked and not a cause: Python's GC (an offline run of 128 x 128
+tokens: no gen-2 collection, all collections together 10 ms in 20 s).
+
+The run in bench/results/engine_vs_vllm.json (0dc160c, AMD EPYC, ABBA, load average at start
+1.2): kvscale / vLLM output tok/s **1.15x** at 1 in flight, 1.17x at 8, **1.07x at 32**, **1.06x
+at 64**, 1.03x at 128; Poisson 1.00x / 1.01x / 1.00x; **shared prefix 0.82x**, **heavy tail
+0.93x**. TTFT p50 shorter at every closed and Poisson load; TTFT p99 at the Poisson rates 197.5
+vs 188.4, **297.0 vs 275.2**, 244.3 vs 256.7 ms: longer at 0.5 and 1 req/s (5%, 8%), shorter at 2.
+ITL p50 at 0.5 req/s 12.1 vs 12.6 ms. Targets: throughput and ITL p50 met; TTFT p99 met at 2
+req/s only. A run at 26b7c76, in the benchmark's earlier form (30 Poisson requests, the runs'
+p99s averaged): 1.04x, 1.01x, 0.98x at 32, 1.02x, 1.01x; TTFT p99 171.4 vs 170.7, 158.1 vs
+160.8, 252.5 vs 246.6 ms.
+
+The run before (e136df4, Xeon, ABBA, load average at start 0.6;
 both servers about half as fast as on the EPYC, vLLM 72 tok/s at 1 in flight against 175):
 kvscale / vLLM output tok/s **1.13x** at 1 in flight, 1.13x at 8, **1.13x at 32**, **1.07x at
 64**, 1.05x at 128; Poisson 0.5 / 1 / 2 req/s 1.01x / 1.01x / 1.04x (the offered load); shared
