@@ -8,7 +8,7 @@ offset. A step writes its new K/V at `slot_mapping`, then attends over each sequ
   advanced indexing was a third of a CPU decode step at 32 in flight), in groups of similar
   length (the runner orders decodes by length; a group spans at most a factor of two, so padding
   is under half of what a group gathers); each prefill chunk its own SDPA call (plain causal
-  when the chunk is the whole context; on the CPU in chunks of 64 queries, see `_causal`).
+  when the chunk is the whole context; on the CPU in chunks of 64 queries, `_causal_chunks`).
 - paged decode (CUDA, `paged_decode.py`): when the runner installs it, decodes read K/V through
   their block tables in a Triton kernel instead of the gathered SDPA call; no gather, no mask.
 - `flex` (CUDA): decodes as above; all prefill chunks in one FlexAttention call over the packed
@@ -59,6 +59,8 @@ class PrefillSpan:
     q_len: int
     kv_index: torch.Tensor | None  # None: the chunk is the whole context, use fresh K/V
     mask: torch.Tensor | None  # None: plain causal
+    # plain causal on the CPU, in chunks of queries: (first row, mask over keys up to its last)
+    causal_chunks: tuple[tuple[int, torch.Tensor], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -215,10 +217,27 @@ def _prefill_span(
     mask = kv_pos.unsqueeze(0) <= pos.unsqueeze(1)
     if window is not None and span.end > window:
         mask &= kv_pos.unsqueeze(0) > pos.unsqueeze(1) - window
-    elif fresh:
-        return PrefillSpan(q_start, span.num_tokens, None, None)  # plain causal
+    elif fresh:  # plain causal
+        chunks = _causal_chunks(span.num_tokens) if device.type == "cpu" else ()
+        return PrefillSpan(q_start, span.num_tokens, None, None, chunks)
     kv_index = None if fresh else slots_of(table, kv_pos, block_size).to(device)
     return PrefillSpan(q_start, span.num_tokens, kv_index, mask.to(device))
+
+
+def _causal_chunks(n: int) -> tuple[tuple[int, torch.Tensor], ...]:
+    """A whole prompt's causal attention on the CPU in chunks of queries, each over the keys up
+    to its last row. torch's CPU kernel skips masked key blocks only in blocks of 512, so one
+    call computes the whole square below that; the chunks skip most of the upper half (a
+    360-token prefill of the benchmark's model 191 -> 185 ms, 1,000 tokens 566 -> 552 ms). Built
+    once a step, shared by every layer; none (one causal call) for a prompt of one chunk."""
+    if n <= CAUSAL_CHUNK:
+        return ()
+    starts = range(0, n, CAUSAL_CHUNK)
+    ends = [min(n, a + CAUSAL_CHUNK) for a in starts]
+    return tuple(
+        (a, torch.arange(b) <= torch.arange(a, b).unsqueeze(1))
+        for a, b in zip(starts, ends, strict=True)
+    )
 
 
 def _flex_inputs(
@@ -279,8 +298,8 @@ class PagedAttention(torch.nn.Module):
             return out
         for span in meta.prefills:  # prefill
             rows = slice(span.q_start, span.q_start + span.q_len)
-            if span.kv_index is None and span.mask is None and q.device.type == "cpu":
-                out[rows] = self._causal(q[rows], k[rows], v[rows])
+            if span.causal_chunks:
+                out[rows] = self._causal(q[rows], k[rows], v[rows], span.causal_chunks)
             elif span.kv_index is None:
                 out[rows] = self._sdpa(q[rows], k[rows], v[rows], span.mask)
             else:
@@ -302,19 +321,18 @@ class PagedAttention(torch.nn.Module):
         )
         return o.squeeze(0).transpose(0, 1)
 
-    def _causal(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """A whole prompt, causal, on the CPU: in chunks of queries, each over the keys up to its
-        last row. torch's CPU kernel skips masked key blocks only in blocks of 512, so one call
-        computes the whole square below that; the chunks skip most of the upper half (a 360-token
-        prefill of the benchmark's model 191 -> 185 ms, 1,000 tokens 566 -> 552 ms)."""
-        n = q.shape[0]
-        if n <= CAUSAL_CHUNK:
-            return self._sdpa(q, k, v, None)
+    def _causal(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        chunks: tuple[tuple[int, torch.Tensor], ...],
+    ) -> torch.Tensor:
+        """A whole prompt's causal attention, chunk by chunk (`_causal_chunks`)."""
         out = torch.empty_like(q)
-        for a in range(0, n, CAUSAL_CHUNK):
-            b = min(n, a + CAUSAL_CHUNK)
-            mask = torch.arange(b) <= torch.arange(a, b).unsqueeze(1)
-            out[a:b] = self._sdpa(q[a:b], k[:b], v[:b], mask)
+        for start, mask in chunks:
+            rows, keys = slice(start, start + mask.shape[0]), mask.shape[1]
+            out[rows] = self._sdpa(q[rows], k[:keys], v[:keys], mask)
         return out
 
     def _decode(
