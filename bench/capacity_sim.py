@@ -9,10 +9,15 @@ of ServeGen) is the tuned pick, judged on the rest; each baseline's default is r
 labelled. The issue's targets for kvscale (>= 99% of minutes within the SLO, <= 1.25x the
 oracle, <= 0.85x the best tuned baseline's GPU-hours at no fewer SLO minutes on the judged part)
 are written next to the measured values with `met` true or false; nothing here is tuned to meet
-them. Settings per trace (rate scale to need several replicas, hours, step) are in `TRACES` and
-recorded in the result; KVSCALE_SIM_HOURS="trace=hours,..." shortens a run (said in the result).
-Traces are read from `--traces-dir`'s default ($KVSCALE_TRACES_DIR or the cache;
-/work/shared/data/traces here).
+them. Every policy but the oracle runs a 30-minute lead-in on the looped trace's end first
+(`LEAD_IN_S`, recorded in `settings`), so each meets the trace in the state its own decisions
+left, not from a fleet sized for the trace's sparse first minute with nothing learned. Beside
+the oracle each trace reports `causal_reference` (kvscale.sim.reference): the cheapest follower
+of measured demand at the law's lag (its interval plus a replica's start-up), tuned in hindsight,
+for how close to the oracle reacting alone can come. Settings per trace (rate scale to need
+several replicas, hours, step) are in `TRACES` and recorded in the result;
+KVSCALE_SIM_HOURS="trace=hours,..." shortens a run (said in the result). Traces are read from
+`--traces-dir`'s default ($KVSCALE_TRACES_DIR or the cache; /work/shared/data/traces here).
 
 The `mixed` section (issue 21) runs kvscale.sim.mixed: interactive chat plus daily deferrable
 batch jobs served with deferral, all as interactive, and as two pools, against its own targets.
@@ -45,7 +50,7 @@ from kvscale.sim.plots import write_plots
 from kvscale.sim.policies import Kvscale
 from kvscale.sim.profile import load_profile
 from kvscale.sim.report import policy_summary, summarise, targets
-from kvscale.sim.run import Settings, simulate
+from kvscale.sim.run import LEAD_IN_S, Settings, simulate
 from kvscale.traces import default_traces_dir
 
 PROFILE = os.environ.get("KVSCALE_SIM_PROFILE", "h200-kvscale-eager")
@@ -88,7 +93,7 @@ def run(quick: bool = False) -> dict[str, Any]:
             hours=QUICK_HOURS if quick else HOURS.get(name, cfg["hours"]),
             rate_scale=cfg["rate_scale"],
             ttft_slo_s=cfg["ttft"],
-            settings=Settings(dt_s=cfg["dt"]),
+            settings=Settings(dt_s=cfg["dt"], lead_in_s=LEAD_IN_S),
             tune=True,
         )
         start = time.perf_counter()
@@ -147,7 +152,10 @@ def run_law_only(result: dict[str, Any]) -> dict[str, Any]:
             rate_scale=report["rate_scale"],
             length_trace=report["length_trace"] or "azure-conv",
             ttft_slo_s=cfg["ttft"],
-            settings=Settings(dt_s=report["settings"]["dt_s"]),
+            settings=Settings(
+                dt_s=report["settings"]["dt_s"],
+                lead_in_s=report["settings"].get("lead_in_s", 0.0),
+            ),
         )
         start = time.perf_counter()
         spec = LLMEndpointSpec.model_validate(report["spec"])

@@ -101,13 +101,14 @@ class Replay:
 
 
 class Workload:
-    """Arrivals over [0, duration_s): `window(t0, t1)` must be called with increasing t0."""
+    """Arrivals over [0, duration_s), and before 0 the loop's end (a simulation's lead-in):
+    `window(t0, t1)` must be called with increasing t0."""
 
     def __init__(self, name: str, replay: Replay) -> None:
         self.name = name
         self.duration_s = replay.duration_s
         self.seed = replay.seed
-        self._chunk_index = -1
+        self._chunk_index: int | None = None  # none loaded (a lead-in's chunks are negative)
         self._chunk = _empty()
 
     def _generate(self, start: float, end: float, rng: np.random.Generator) -> Batch:
@@ -116,7 +117,8 @@ class Workload:
     def chunk(self, index: int) -> Batch:
         start = index * CHUNK_S
         end = min(start + CHUNK_S, self.duration_s)
-        rng = np.random.default_rng([self.seed, index])
+        # a lead-in's chunks (negative: the loop's end, before time 0) get seeds of their own
+        rng = np.random.default_rng([self.seed, index] if index >= 0 else [self.seed, 0, -index])
         batch = self._generate(start, end, rng)
         order = np.argsort(batch.at, kind="stable")
         return batch.select(order)

@@ -22,7 +22,7 @@ import numpy as np
 from kvscale.api.v1alpha1 import LLMEndpointSpec
 from kvscale.controllers.feasibility import Feasibility
 from kvscale.sim import oracle as orc
-from kvscale.sim import tuning
+from kvscale.sim import reference, tuning
 from kvscale.sim.arrivals import Shapes, Workload, open_workload
 from kvscale.sim.feasibility import assess
 from kvscale.sim.policies import Kvscale, Oracle, Policy, Static
@@ -67,6 +67,9 @@ class Comparison:
     feasibility: Feasibility
     tune_minutes: int = 0
     sweeps: dict[str, list[tuning.Outcome]] = field(default_factory=dict)  # baseline -> settings
+    # with a sweep: the cheapest causal follower of each window (kvscale.sim.reference)
+    references: list[reference.Point] = field(default_factory=list)
+    reference_lag: int | None = None
 
 
 def workload_of(s: Scenario) -> Workload:
@@ -127,7 +130,7 @@ def tune_oracle(s: Scenario, spec: LLMEndpointSpec, cap: orc.Capacity, demand: n
     def ok(per_replica: float) -> bool:
         c = orc.Capacity(cap.requests_per_s, per_replica)
         need = orc.needed_per_minute(demand[:minutes], c, scale.min_replicas, scale.max_replicas)
-        rec = simulate(wl, spec, s.profile, Oracle(need), int(need[0]), s.settings)
+        rec = simulate(wl, spec, s.profile, Oracle(need), int(need[0]), _cold(s.settings))
         return slo_fraction(rec, spec) >= goal
 
     if ok(hi):
@@ -174,6 +177,31 @@ def _run_one(job: _Job) -> Recording | tuning.Outcome:
     return tuning.outcome(job.setting, rec, job.spec, job.window)
 
 
+@dataclass(frozen=True)
+class _Reference:
+    """One window's search for the cheapest causal follower (kvscale.sim.reference)."""
+
+    workload: Workload
+    spec: LLMEndpointSpec
+    profile: EngineProfile
+    settings: Settings
+    need: np.ndarray  # each minute's demand over the oracle's per-replica capacity
+    lag: int
+    window: int
+
+
+def _search(job: _Reference) -> reference.Point | None:
+    def run(plan: np.ndarray) -> tuple[float, float]:
+        rec = simulate(
+            job.workload, job.spec, job.profile, Oracle(plan), int(plan[0]), job.settings
+        )
+        return slo_fraction(rec, job.spec), float(rec.recorder.series["gpu_s"].sum() / 3600)
+
+    sc = job.spec.scaling
+    bounds = (sc.min_replicas, sc.max_replicas)
+    return reference.cheapest(run, job.need, job.lag, job.window, tuning.TUNE_GOAL, bounds)
+
+
 def compare(s: Scenario, jobs: int = 1, progress: bool = False) -> Comparison:
     wl = workload_of(s)
     shapes = orc.lengths_of(wl)
@@ -199,7 +227,8 @@ def compare(s: Scenario, jobs: int = 1, progress: bool = False) -> Comparison:
     runs = []
     for name in s.policies:
         policy = make_policy(name, spec, needed, static, cap.tokens_per_s)
-        runs.append(_Job(wl, spec, s.profile, policy, _initial(policy, needed), s.settings, shown))
+        settings = _cold(s.settings) if isinstance(policy, Oracle) else s.settings
+        runs.append(_Job(wl, spec, s.profile, policy, _initial(policy, needed), settings, shown))
     swept = [n for n in s.policies if n in tuning.KNOBS] if s.tune else []
     for name in swept:
         for setting in tuning.sweep(name, spec, static, cap.tokens_per_s):
@@ -209,11 +238,19 @@ def compare(s: Scenario, jobs: int = 1, progress: bool = False) -> Comparison:
                 runs.append(
                     _Job(wl, spec, s.profile, policy, initial, s.settings, shown, setting, window)
                 )
+    lag = reference.lag_minutes(spec, s.profile) if s.tune else None
+    searches = [
+        _Reference(wl, spec, s.profile, _cold(s.settings), demand / 60.0 / per_replica, lag, w)
+        for w in reference.WINDOWS
+        if lag is not None
+    ]
     if jobs > 1:
         with ProcessPoolExecutor(max_workers=jobs) as pool:
             results = list(pool.map(_run_one, runs))
+            points = list(pool.map(_search, searches))
     else:
         results = [_run_one(r) for r in runs]
+        points = [_search(r) for r in searches]
     recs = {r.policy: r for r in results if isinstance(r, Recording)}
     sweeps: dict[str, list[tuning.Outcome]] = {}
     for name in swept:
@@ -222,8 +259,26 @@ def compare(s: Scenario, jobs: int = 1, progress: bool = False) -> Comparison:
         found.append(tuning.outcome(default, recs[name], spec, window))
         sweeps[name] = sorted(found, key=lambda o: o.setting.value)
     return Comparison(
-        s, spec, cap, per_replica, needed, demand, recs, wl.duration_s, feasible, window, sweeps
+        s,
+        spec,
+        cap,
+        per_replica,
+        needed,
+        demand,
+        recs,
+        wl.duration_s,
+        feasible,
+        window,
+        sweeps,
+        [p for p in points if p is not None],
+        lag,
     )
+
+
+def _cold(settings: Settings) -> Settings:
+    """The oracle's settings: no lead-in (its plan starts at time 0; its replicas are Ready at
+    once, so it has no state to settle)."""
+    return replace(settings, lead_in_s=0.0)
 
 
 def _initial(policy: Policy, needed: np.ndarray) -> int:

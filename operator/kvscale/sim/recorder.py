@@ -95,7 +95,8 @@ class Recorder:
         self.series["desired"][m:] = desired
 
     def _minute(self, at: F) -> NDArray[np.int64]:
-        return np.minimum((at // 60).astype(np.int64), self.minutes - 1)
+        # a lead-in's request stamped before time 0 (refused for its wait) counts in minute 0
+        return np.clip((at // 60).astype(np.int64), 0, self.minutes - 1)
 
     def _bin(self, hist: NDArray[Any], at: F, values: F, weights: F | None) -> None:
         if len(at) == 0:

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from kvscale.api.v1alpha1 import LLMEndpointSpec
-from kvscale.sim import tuning
+from kvscale.sim import reference, tuning
 from kvscale.sim.compare import Comparison
 from kvscale.sim.recorder import quantile_rows
 from kvscale.sim.run import Recording
@@ -96,10 +96,25 @@ def summarise(c: Comparison) -> dict[str, Any]:
             "scrape_interval_s": s.settings.scrape_interval_s,
             "scrape_delay_s": s.settings.scrape_delay_s,
             "seed": s.settings.seed,
+            "lead_in_s": s.settings.lead_in_s,
         },
         "policies": policies,
         "tuning": tuned,
         "targets": targets(policies, tuned),
+        **({"causal_reference": causal_reference(c, oracle)} if c.reference_lag else {}),
+    }
+
+
+def causal_reference(c: Comparison, oracle_gpu_hours: float | None) -> dict[str, Any]:
+    """The cheapest causal follower of each window and the cheapest of all (the reference)."""
+    points = [p.to_dict(oracle_gpu_hours) for p in c.references]
+    best = min(points, key=lambda p: p["gpu_hours"]) if points else None
+    return {
+        "how": (reference.__doc__ or "").replace("\n", " ").strip(),
+        "lag_minutes": c.reference_lag,
+        "goal_slo_minutes_fraction": tuning.TUNE_GOAL,
+        "followers": points,
+        "cheapest": best,
     }
 
 

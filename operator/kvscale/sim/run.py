@@ -4,7 +4,10 @@ Each step routes the step's arrivals, runs every replica's engine for `dt`, reco
 truth, lets the scraper sample the Ready replicas, and on the policy's interval builds a
 `Snapshot` from the scraped samples and asks the policy for a replica count, which the endpoint
 actuates (start-up delay, drain). All policies start from the same warm fleet: the replicas the
-first minute needs, Ready.
+first minute needs, Ready. With a lead-in (`Settings.lead_in_s`) the run starts that long before
+time 0, on the looped workload's end, and only time 0 onwards is recorded: each policy meets the
+trace in the state its own decisions on the traffic before it left, as on a cluster that had been
+serving it, not from a fleet sized for the trace's first minute with nothing learned.
 """
 
 from __future__ import annotations
@@ -24,6 +27,9 @@ from kvscale.sim.recorder import Recorder, Targets
 from kvscale.sim.signals import Scraper
 
 DEFAULT_QUEUE_WAIT_S = 30.0
+# the comparisons' lead-in: the law's history and capacity estimate, HPA's and KEDA's windows and a
+# replica's start-up all settle well within it
+LEAD_IN_S = 1800.0
 
 
 @dataclass(frozen=True)
@@ -32,6 +38,7 @@ class Settings:
     scrape_interval_s: float = 15.0
     scrape_delay_s: float = 0.0
     seed: int = 0
+    lead_in_s: float = 0.0  # run this long before time 0 unrecorded (the workload's loop end)
 
 
 @dataclass
@@ -81,25 +88,31 @@ def simulate(
     dt = settings.dt_s
     rng = np.random.default_rng(settings.seed)
     ep = Endpoint("sim", profile, limits_for(spec, profile), spec.scaling.max_replicas, rng)
-    ep.scale_to(initial_replicas, 0.0, instant=True)
+    first = -round(settings.lead_in_s / dt)  # the lead-in's steps are negative
+    ep.scale_to(initial_replicas, first * dt, instant=True)
     scraper = Scraper(
         settings.scrape_interval_s, settings.scrape_delay_s, spec.scaling.capacity_interval_seconds
     )
     rec = Recorder(workload.duration_s, targets_for(spec), profile.gpus_per_replica)
     out = Recording(policy.name, rec)
-    rec.decided(0.0, initial_replicas)
-    out.decisions.append((0.0, initial_replicas, "Initial"))
     steps = int(np.ceil(workload.duration_s / dt))
-    next_tick = policy.interval_s
-    bar = tqdm(total=steps, desc=policy.name, unit="step", disable=not progress, mininterval=1.0)
-    for k in range(steps):
+    next_tick = first * dt + policy.interval_s
+    desired = initial_replicas
+    bar = tqdm(
+        total=steps - first, desc=policy.name, unit="step", disable=not progress, mininterval=1.0
+    )
+    for k in range(first, steps):
         t0 = k * dt
+        if k == 0:  # what the lead-in left (or the warm start) is the run's first decision
+            rec.decided(0.0, desired)
+            out.decisions.append((0.0, desired, "Initial"))
         ep.became_ready(t0 - dt, t0)
         ep.settle(t0)
         batch = workload.window(t0, t0 + dt)
         ep.route(batch, t0)
         result = ep.engines.step(t0, dt)
-        rec.add(t0, dt, batch, result, ep)
+        if k >= 0:
+            rec.add(t0, dt, batch, result, ep)
         t1 = t0 + dt
         scraper.maybe_scrape(t1, ep)
         if t1 + 1e-9 >= next_tick:
@@ -107,12 +120,14 @@ def simulate(
             snap = scraper.snapshot(t1, ep.fleet(t1), float(ep.engines.held()))
             choice = policy.decide(snap, t1)
             ep.scale_to(choice.desired, t1, choice.victim, instant=policy.instant)
-            if choice.desired != out.decisions[-1][1]:
-                out.decisions.append((t1, choice.desired, choice.reason))
-            rec.decided(t1, choice.desired)
-        if k % 600 == 599:
+            desired = choice.desired
+            if k >= 0:
+                if choice.desired != out.decisions[-1][1]:
+                    out.decisions.append((t1, choice.desired, choice.reason))
+                rec.decided(t1, choice.desired)
+        if (k - first) % 600 == 599:
             bar.update(600)
-    bar.update(steps - bar.n)
+    bar.update(steps - first - bar.n)
     bar.close()
     out.steps = steps
     out.wall_s = time.perf_counter() - started

@@ -10,6 +10,7 @@ taken over the time since it became Ready, as `rate()` over its own samples woul
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass
 
@@ -44,7 +45,7 @@ class Scraper:
     def __init__(self, interval_s: float, delay_s: float, window_s: float) -> None:
         self.interval_s, self.delay_s, self.window_s = interval_s, delay_s, window_s
         self.samples: deque[Sample] = deque()
-        self._next = 0.0
+        self._next = -math.inf  # the first call scrapes, whenever the run starts
         self.deferred_rates = (0.0, 0.0)  # the last snapshot's deferred and valley tokens/s
 
     def maybe_scrape(self, t: float, ep: Endpoint) -> None:

@@ -23,7 +23,7 @@ from kvscale.api.v1alpha1 import LLMEndpointSpec
 from kvscale.sim.compare import POLICIES, Scenario, compare
 from kvscale.sim.mixed import DAY_S, JOBS, MixedScenario, compare_mixed
 from kvscale.sim.profile import ProfileError, load_profile, shipped
-from kvscale.sim.run import Settings
+from kvscale.sim.run import LEAD_IN_S, Settings
 from kvscale.tools import tool_parser
 from kvscale.traces import TraceError, default_traces_dir
 
@@ -134,6 +134,13 @@ def add_simulate_parser(sub: Any) -> None:
         help="extra age of the newest sample a decision sees, s",
     )
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--lead-in",
+        type=float,
+        default=LEAD_IN_S,
+        help="seconds each policy runs on the looped trace's end before the recorded run starts "
+        "(0: from a fleet sized for the first minute, with nothing learned)",
+    )
     p.add_argument("--jobs", type=int, default=1, help="policies run in parallel processes")
     p.add_argument(
         "--out-dir",
@@ -154,6 +161,8 @@ def scenario_from(args: argparse.Namespace) -> Scenario:
     if not args.trace:
         raise ValueError("--trace is required (or --mixed)")
     dt = _dt(args, 1.0)
+    if args.lead_in < 0:
+        raise ValueError("--lead-in must not be negative")
     return Scenario(
         trace=args.trace,
         traces_dir=args.traces_dir or default_traces_dir(),
@@ -167,7 +176,7 @@ def scenario_from(args: argparse.Namespace) -> Scenario:
         gpu_hour_price=args.gpu_hour_price,
         prior=not args.no_prior,
         spec=read_spec(args.spec) if args.spec else None,
-        settings=Settings(dt, args.scrape_interval, args.scrape_delay, args.seed),
+        settings=Settings(dt, args.scrape_interval, args.scrape_delay, args.seed, args.lead_in),
         policies=names,
         tune=args.tune,
     )

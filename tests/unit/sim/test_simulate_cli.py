@@ -62,6 +62,8 @@ def test_bad_input_is_refused_with_a_reason(
     assert "unknown policies" in capsys.readouterr().err
     assert main([*argv, "--dt", "7"]) == 2
     assert "divide 600" in capsys.readouterr().err
+    assert main([*argv, "--lead-in", "-60"]) == 2
+    assert "--lead-in must not be negative" in capsys.readouterr().err
     spec = tmp_path / "spec.yaml"
     spec.write_text("spec:\n  model: {name: m}\n")
     assert main([*argv, "--spec", str(spec)]) == 2

@@ -83,3 +83,11 @@ def test_simulate_tune_reports_the_sweep_the_pick_and_a_pareto_plot(tmp_path: Pa
     assert tuned["window_minutes"] == 4 and tuned["kvscale"]["judged"]["minutes"] == 11
     assert "keda" in report["policies"]  # the default, under the baseline's own name
     assert (tmp_path / "azure-conv-pareto.png").stat().st_size > 0
+    # the causal reference: the cheapest follower of each window meets the goal, and the reported
+    # one is the cheapest of them
+    ref = report["causal_reference"]
+    assert ref["lag_minutes"] == 2  # a 60 s interval and the profile's 61 s start-up
+    followers = ref["followers"]
+    assert {f["window"] for f in followers} <= {1, 3, 5} and followers
+    assert all(f["slo_minutes_fraction"] >= 0.99 and f["lag"] == 2 for f in followers)
+    assert ref["cheapest"] == min(followers, key=lambda f: f["gpu_hours"])

@@ -1,0 +1,54 @@
+"""The causal reference's followers (kvscale.sim.reference): causal, the oracle at no lag, and the
+cheapest factor found by bisection."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from kvscale.sim import oracle as orc
+from kvscale.sim.reference import BISECTIONS, FACTORS, Follower, cheapest
+
+RNG = np.random.default_rng(7)
+NEED = RNG.uniform(0.5, 9.0, 90)  # minutes of demand over one replica's capacity
+
+
+def test_with_no_lag_one_window_and_factor_one_it_is_the_oracles_plan() -> None:
+    per_replica = 1000.0
+    demand = NEED * 60.0 * per_replica  # tokens a minute
+    oracle = orc.needed_per_minute(demand, orc.Capacity(1.0, per_replica), 1, 50)
+    np.testing.assert_array_equal(Follower(0, 1, 1.0).plan(NEED, 1, 50), oracle)
+
+
+@pytest.mark.parametrize(("lag", "window"), [(1, 1), (2, 3), (3, 5)])
+def test_a_minutes_demand_reaches_only_the_minutes_lag_after_it(lag: int, window: int) -> None:
+    follower = Follower(lag, window, 1.3)
+    base = follower.plan(NEED, 1, 100)
+    for m in (10, 40, 70):
+        spiked = NEED.copy()
+        spiked[m] = 50.0
+        changed = np.flatnonzero(follower.plan(spiked, 1, 100) != base)
+        assert changed.tolist() == list(range(m + lag, min(m + lag + window, len(NEED))))
+
+
+def _share_sized(plan: np.ndarray) -> tuple[float, float]:
+    """A stand-in for the simulator: a minute meets the SLO when its replicas cover its need."""
+    return float(np.mean(plan >= NEED)), float(plan.sum() / 60.0)
+
+
+@pytest.mark.parametrize("goal", [0.9, 0.99])
+def test_the_cheapest_factor_is_found_within_the_bisections_precision(goal: float) -> None:
+    point = cheapest(_share_sized, NEED, 1, 3, goal, (1, 100))
+    assert point is not None and point.slo_minutes_fraction >= goal
+    step = (FACTORS[1] - FACTORS[0]) / 2**BISECTIONS
+    below = Follower(1, 3, point.follower.factor - step)
+    assert _share_sized(below.plan(NEED, 1, 100))[0] < goal
+    assert point.gpu_hours == pytest.approx(point.follower.plan(NEED, 1, 100).sum() / 60.0)
+
+
+def test_no_follower_when_even_the_largest_factor_misses() -> None:
+    # a need no replica count reaches within the bounds
+    assert cheapest(_share_sized, NEED, 1, 1, 0.99, (1, 3)) is None
+    assert math.isclose(FACTORS[0], 1.0)
