@@ -157,7 +157,37 @@ def tuning_report(c: Comparison) -> dict[str, Any]:
             "value": baselines[best]["tuned_value"],
             **picks[best],
         }
+    like = like_for_like(out)
+    if like is not None:
+        out["cheapest_at_no_fewer_slo_minutes"] = like
     return out
+
+
+def like_for_like(tuned: dict[str, Any]) -> dict[str, Any] | None:
+    """The cheapest tuned pick whose judged SLO minutes are no fewer than kvscale's, and kvscale's
+    GPU-hours over it: the best tuned baseline may be cheaper because it missed more minutes on
+    the judged part than in its tuning window (a pick holds >= 99% only where it was tuned)."""
+    mine = (tuned.get("kvscale") or {}).get("judged")
+    if mine is None:
+        return None
+    picks = {
+        name: b["tuned"]
+        for name, b in (tuned.get("baselines") or {}).items()
+        if b["tuned"] is not None
+        and b["tuned"]["judged"]["slo_minutes_fraction"] >= mine["slo_minutes_fraction"]
+    }
+    if not picks:
+        return None
+    name = min(picks, key=lambda n: picks[n]["judged"]["gpu_hours"])
+    judged = picks[name]["judged"]
+    return {
+        "baseline": f"{name}@{tuned['baselines'][name]['tuned_value']:g}",
+        "judged": judged,
+        "kvscale_judged": mine,
+        "kvscale_gpu_hours_ratio": round(mine["gpu_hours"] / judged["gpu_hours"], 3)
+        if judged["gpu_hours"]
+        else None,
+    }
 
 
 def targets(policies: dict[str, dict[str, Any]], tuned: dict[str, Any]) -> dict[str, Any]:

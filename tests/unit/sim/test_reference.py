@@ -1,15 +1,17 @@
 """The causal reference's followers (kvscale.sim.reference): causal, the oracle at no lag, and the
-cheapest factor found by bisection."""
+cheapest factor found by bisection; and the like-for-like tuned pick the report sets beside it."""
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import pytest
 
 from kvscale.sim import oracle as orc
 from kvscale.sim.reference import BISECTIONS, FACTORS, Follower, cheapest
+from kvscale.sim.report import like_for_like
 
 RNG = np.random.default_rng(7)
 NEED = RNG.uniform(0.5, 9.0, 90)  # minutes of demand over one replica's capacity
@@ -52,3 +54,24 @@ def test_no_follower_when_even_the_largest_factor_misses() -> None:
     # a need no replica count reaches within the bounds
     assert cheapest(_share_sized, NEED, 1, 1, 0.99, (1, 3)) is None
     assert math.isclose(FACTORS[0], 1.0)
+
+
+def test_like_for_like_skips_a_cheaper_pick_that_missed_more_minutes() -> None:
+    def pick(value: float, gpu_hours: float, slo: float) -> dict[str, Any]:
+        judged = {"gpu_hours": gpu_hours, "slo_minutes_fraction": slo, "minutes": 180}
+        return {"tuned_value": value, "tuned": {"judged": judged}}
+
+    tuned = {
+        "kvscale": {"judged": {"gpu_hours": 66.0, "slo_minutes_fraction": 0.994, "minutes": 180}},
+        "baselines": {
+            "hpa": pick(142.4, 54.5, 0.933),  # cheaper, but tuned on one hour it missed more
+            "hpa-kv": pick(0.15, 66.0, 1.0),
+            "static": pick(23, 69.0, 1.0),
+            "keda": {"tuned_value": None, "tuned": None},  # no setting met the goal
+        },
+    }
+    like = like_for_like(tuned)
+    assert like is not None
+    assert like["baseline"] == "hpa-kv@0.15" and like["kvscale_gpu_hours_ratio"] == 1.0
+    tuned["kvscale"]["judged"]["slo_minutes_fraction"] = 1.0 + 1e-9  # none has as many
+    assert like_for_like(tuned) is None
