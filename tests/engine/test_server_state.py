@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 from collections.abc import Callable
 from typing import Any
 
@@ -130,5 +131,30 @@ def test_a_generation_teaches_admission_its_time_to_first_token(
             assert controller.in_flight == 0
         finally:
             await state.close()
+
+    asyncio.run(scenario())
+
+
+def test_loading_freezes_the_heap_and_closing_gives_it_back(
+    make_engine: Callable[..., LLMEngine],
+) -> None:
+    """What is alive once the engine is loaded (torch, the model, the modules) is out of the
+    collector's reach while the server runs, so a full collection walks only what serving
+    allocated; closing returns it."""
+
+    async def scenario() -> None:
+        gc.unfreeze()
+        state = _state()
+        await state.load(make_engine())
+        try:
+            assert gc.get_freeze_count() > 10_000  # torch's and the engine's objects at least
+            admitted = await state.admit(None, 16)
+            gen = state.generate(admitted, [5, 6, 7], [PARAMS])
+            async for _ in gen.events():
+                pass
+            gen.close()
+        finally:
+            await state.close()
+        assert gc.get_freeze_count() == 0
 
     asyncio.run(scenario())

