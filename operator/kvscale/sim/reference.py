@@ -40,7 +40,7 @@ class Follower:
         """Replicas per minute; `need[m]` is minute m's demand over one replica's capacity.
 
         The first minutes, with less than `lag` minutes behind them, see the first minute's
-        demand: an advantage over a real policy, so the reference stays one it could not beat.
+        demand: an advantage over a real policy, never a handicap.
         """
         out = np.empty(len(need), dtype=np.int64)
         for m in range(len(need)):
