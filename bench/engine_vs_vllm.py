@@ -110,11 +110,14 @@ Offline, one prompt at a time, the engine's prefill is now shorter than vLLM's o
 load, though, the p99 is not the longest prompt: it is a request that arrives while another
 prompt's prefill runs (a probe of the 2 req/s schedule: the slowest first token was a 106-token
 prompt's, 297 ms on the engine, 331 ms on vLLM), and 30 requests a run made the p99 about the
-slowest one. The benchmark now sends 60 Poisson requests a round and pools both rounds' requests
-for the latency percentiles. Checked and not a cause: Python's GC (an offline run of 128 x 128
+slowest one. The benchmark then sent 60 Poisson requests a round, and since 968d60f sends 100,
+and pools both rounds' requests for the latency percentiles; `ttft_same_requests` puts each Poisson
+request's first token on the two servers side by side (a probe at 1 req/s, two rounds of 60: the
+slowest was a 250-token prompt 60 ms behind a 436-token one on both servers, 323 ms on the
+engine, 419 ms on vLLM). Checked and not a cause: Python's GC (an offline run of 128 x 128
 tokens: no gen-2 collection, all collections together 10 ms in 20 s).
 
-The run in bench/results/engine_vs_vllm.json (0dc160c, AMD EPYC, ABBA, load average at start
+The run at 0dc160c (AMD EPYC, ABBA, load average at start
 1.2): kvscale / vLLM output tok/s **1.15x** at 1 in flight, 1.17x at 8, **1.07x at 32**, **1.06x
 at 64**, 1.03x at 128; Poisson 1.00x / 1.01x / 1.00x; **shared prefix 0.82x**, **heavy tail
 0.93x**. TTFT p50 shorter at every closed and Poisson load; TTFT p99 at the Poisson rates 197.5
