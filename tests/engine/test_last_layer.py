@@ -79,6 +79,20 @@ def test_a_step_where_every_row_samples_keeps_them_all() -> None:
     assert meta.last_layer is not None and meta.last_layer.rows.tolist() == [1]
 
 
+def test_slot_mapping_is_each_rows_cache_slot_in_row_order() -> None:
+    # decodes over scattered blocks, then a prompt and a chunk that crosses a block boundary
+    spans = [SeqSpan(17, 1, [5, 9]), SeqSpan(3, 1, [2]), SeqSpan(0, 3, [7]), SeqSpan(14, 4, [1, 4])]
+    meta = build_metadata(spans, BLOCK, None, torch.device("cpu"))
+    assert meta.slot_mapping.tolist() == [
+        9 * BLOCK + 1, 2 * BLOCK + 3,  # decodes: position 17 is block 1's row 1; 3, block 0's
+        7 * BLOCK, 7 * BLOCK + 1, 7 * BLOCK + 2,
+        1 * BLOCK + 14, 1 * BLOCK + 15, 4 * BLOCK, 4 * BLOCK + 1,
+    ]  # fmt: skip
+    assert meta.num_decodes == 2 and len(meta.prefills) == 2
+    with pytest.raises(ValueError, match="decodes"):  # the runner sorts them first
+        build_metadata([spans[2], spans[0]], BLOCK, None, torch.device("cpu"))
+
+
 def test_long_prompts_in_small_chunks_still_match_hf(
     make_engine: MakeEngine, hf_llama: HFReference
 ) -> None:

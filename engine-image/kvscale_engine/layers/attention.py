@@ -117,26 +117,32 @@ def build_metadata(
     """`spans` lists decodes (one token) first, then prefill chunks; flex given a mask builder;
     decodes as block tables and context lengths for the paged kernel when `paged_decode`;
     `outputs`: the spans whose last row needs the model's output (all of them when None)."""
-    tables = [torch.tensor(s.block_table, dtype=torch.long) for s in spans]
-    positions = [torch.arange(s.start, s.end) for s in spans]
-    slots = torch.cat([slots_of(t, p, block_size) for t, p in zip(tables, positions, strict=True)])
-    meta = AttentionMetadata(slot_mapping=slots.to(device))
-    decodes = [i for i, s in enumerate(spans) if s.num_tokens == 1]
-    meta.num_decodes = len(decodes)
-    if decodes:
-        _decode_inputs(meta, [spans[i] for i in decodes], block_size, window, device, paged_decode)
-    if outputs is not None and len(outputs) < len(slots):
+    n = sum(1 for s in spans if s.num_tokens == 1)
+    if any(s.num_tokens != 1 for s in spans[:n]):
+        raise ValueError("build_metadata takes the decodes (one-token spans) first")
+    # a decode's one slot in plain arithmetic, and one tensor for them all: a tensor per span
+    # cost 28 us each, 1.8 ms of a step at 64 in flight (3%)
+    slots = [s.block_table[s.start // block_size] * block_size + s.start % block_size
+             for s in spans[:n]]  # fmt: skip
+    tables = [torch.tensor(s.block_table, dtype=torch.long) for s in spans[n:]]
+    positions = [torch.arange(s.start, s.end) for s in spans[n:]]
+    parts = [slots_of(t, p, block_size) for t, p in zip(tables, positions, strict=True)]
+    slot_mapping = torch.cat([torch.tensor(slots, dtype=torch.long), *parts])
+    meta = AttentionMetadata(slot_mapping=slot_mapping.to(device))
+    meta.num_decodes = n
+    if n:
+        _decode_inputs(meta, spans[:n], block_size, window, device, paged_decode)
+    if outputs is not None and len(outputs) < len(slot_mapping):
         meta.last_layer = _last_layer(
             spans, outputs, meta.slot_mapping, block_size, window, device, paged_decode
         )
-    n = len(decodes)
     if block_mask_fn is not None and n < len(spans):
         meta.flex = _flex_inputs(
-            spans[n:], tables[n:], positions[n:], block_size, window, device, block_mask_fn
+            spans[n:], tables, positions, block_size, window, device, block_mask_fn
         )
         return meta
     q_start = n
-    for span, table, pos in list(zip(spans, tables, positions, strict=True))[n:]:
+    for span, table, pos in zip(spans[n:], tables, positions, strict=True):
         meta.prefills.append(_prefill_span(span, table, pos, q_start, block_size, window, device))
         q_start += span.num_tokens
     return meta
