@@ -143,6 +143,15 @@ The run before (63aea9a, EPYC, same prompts in vLLM's two rounds): 0.97x, 0.89x,
 (a probe, not this benchmark): 1.02x at 64 in flight, 1.00x at 128, 0.97x shared prefix: most of
 the step from 0.83x is the machine and the fix, a few percent the kernel.
 
+Then (2026-12-05, AMD EPYC): a step's attention metadata built a tensor per decode (2.1 ms of a
+step at 64 decodes, 4.1 ms at 128); a decode's slot is now plain arithmetic (0.19 / 0.36 ms).
+Three full runs (557629a, 968d60f, 6227eae) put the two engines even within a run's spread:
+closed 64 1.03x, 0.977x, 0.998x; the Poisson TTFT p99 missed at 1, 0.5 and 0.5 req/s, while
+on the same requests the engine's first token came sooner for 52-82% of them. At 128 in flight
+a step is 51% oneDNN GEMMs and 33% the decode attention, which reads K/V from DRAM at about
+7.5 GB/s; prefetching 2-4 blocks ahead instead of 1 stayed within the spread (16 x 1,500 to
+128 x 290 tokens, 8 layers' caches in turn) and was not taken.
+
 `--quick` runs a few small loads on `llama-tiny` widened to head_dim 64 (vLLM's CPU attention
 needs it); its smoke test lives in the e2e tier (e2e/tests/test_bench_vllm.py), the
 tier that has vLLM's venv (`make vllm`): the engine tier must not depend on it.
