@@ -13,6 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 
+from kvscale_engine.layers.slots import slot_of
+
 MAX_CAPTURE_SIZE = 512  # vLLM's default cap: larger decode batches are rare and run eager
 INT32 = "int32"
 INT64 = "int64"
@@ -130,7 +132,7 @@ def pad_decode(
     bucket = bucket_for(len(token_ids), plan.sizes)
     assert bucket is not None, f"{len(token_ids)} decodes exceed the largest bucket"
     bs, width = plan.block_size, plan.max_blocks
-    slots = [table[p // bs] * bs + p % bs for p, table in zip(positions, block_tables, strict=True)]
+    slots = [slot_of(table, p, bs) for p, table in zip(positions, block_tables, strict=True)]
     rows = [list(t[:width]) + [plan.scratch_block] * (width - len(t[:width])) for t in block_tables]
     pad = bucket - len(token_ids)
     return DecodeRows(
