@@ -62,6 +62,24 @@ def test_every_compiled_shape_matches(kernel: cpu_decode.Kernel, group: int, hea
     _compare(kernel, RAGGED, 16, group, head_dim, window=None)
 
 
+@pytest.mark.parametrize("lens", [[300], [40, 300, 7], [1, 5, 16, 17, 40, 100, 129, 300]])
+@pytest.mark.parametrize("group", [1, 4, 8])
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_a_task_per_sequence_or_per_kv_head_matches(
+    kernel: cpu_decode.Kernel, lens: list[int], group: int, threads: int
+) -> None:
+    """Under two sequences per thread the wide path makes a task of each (sequence, KV head);
+    from two on, a task of each sequence, every KV head's rows of a block in turn. Both give the
+    reference decode, with the threads they were given."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        _compare(kernel, lens, 16, group, 64, window=None)
+        _compare(kernel, lens, 32, group, 128, window=20)
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_an_avx512_cpu_gets_the_wide_path(kernel: cpu_decode.Kernel) -> None:
     flags = next(
         (ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("flags")), ""

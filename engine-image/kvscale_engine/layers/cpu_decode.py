@@ -7,7 +7,11 @@ kernel in paged_decode.py, with the same arguments). Built for a CPU with AVX-51
 the common head shapes score sixteen rows of a block into one vector per query head instead of a
 horizontal sum per row and head: 64 sequences x 150-500 tokens, one layer, 1.00 -> 0.86 ms with
 the cache warm (the shared-prefix case) and within the run-to-run spread (2.3-2.6 ms) with 8
-layers' caches read in turn, where the wait is on DRAM.
+layers' caches read in turn, where the wait is on DRAM. For that wait, the wide path takes a
+whole sequence per task once there are two sequences per thread, reads a block's rows for every
+KV head in turn, and asks for the next block a row at a time: the same case on two threads,
+14.7-16.1 -> 10.9-12.6 ms; a decode step at 64 in flight 8% shorter, at 32 x 1,000-2,000 tokens
+18% (cpu_decode.c says how).
 
 The shared library is compiled on first use with `-O3 -march=native -ffast-math` into a cache
 keyed by the source, the flags and the CPU (KVSCALE_KERNEL_CACHE, else ~/.cache/kvscale/kernels,
