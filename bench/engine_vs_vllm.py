@@ -152,6 +152,40 @@ a step is 51% oneDNN GEMMs and 33% the decode attention, which reads K/V from DR
 7.5 GB/s; prefetching 2-4 blocks ahead instead of 1 stayed within the spread (16 x 1,500 to
 128 x 290 tokens, 8 layers' caches in turn) and was not taken.
 
+Then (2026-12-05, an Intel Xeon with AVX-512, CPU model 207): the decode kernel (d9b2846) takes
+a whole sequence per task once there are two sequences per thread, reads every KV head's rows of a
+block in turn and asks for the next block a row at a time, not the whole block at once (on the
+EPYC, two threads: a decode step at 64 in flight 47.7 -> 44.1 ms, at 32 x 1,000-2,000 tokens
+61.1 -> 49.9 ms; the task per sequence, twice not taken above, pays only with the spread
+prefetch). A run at d9b2846 in the benchmark's earlier form (each server all its loads in one
+stretch, ABBA): 1.00x at 1 in flight, 0.94x at 8, 0.999x at 32, 0.993x at 64, 1.01x at 128,
+shared prefix 0.89x, heavy tail 1.01x; but the engine's two rounds differed by 1.6x at 1 in
+flight (111 vs 68 tok/s; vLLM's 87 vs 91) and 1.3x at 32, and a probe minutes later had both
+servers at 64-83 tok/s at 1 in flight: this machine's speed drifts over minutes by more than the
+gap being measured. So both servers are now up at once and each load runs on the two back to
+back, which goes first alternating by load and by round; vLLM's worker and engine core poll at
+about 60% of a core for a few seconds after a run, so each run waits for the idle server to go
+quiet, and records what it used meanwhile (`idle_peer_cpu_s`: under 1% of the run). The first
+run in this form (9b0486d, the engine's code as at d9b2846): **1.03x** at 1 in flight, 0.97x at
+8, **1.06x at 32**, **1.07x at 64**, 1.12x at 128; Poisson 0.99x / 1.00x / 1.00x (the offered
+load); shared prefix 1.00x, heavy tail 1.04x; the engine's two rounds 99.8 and 90.5 tok/s at 1
+in flight (vLLM 93.2 and 91.4). Missed: ITL p50 at 0.5 req/s, 12.28 vs 11.92 ms (3% longer), and
+TTFT p99 at 1 and 2 req/s, 164.8 vs 152.7 ms and 241.3 vs 200.6 ms (8% and 20%; at 2 req/s one
+run's own p99 272 vs 221, the other's 169 vs 192); met at 0.5 req/s (140.2 vs 147.5). Under Poisson
+arrivals the engine's step is the longer one: ITL p50 at 1 req/s 13.7 vs 11.7 ms (and 16.4 vs
+15.8 closed at 8), where closed at 1 in flight it is shorter (9.8 vs 10.2 ms), and at 32-128 too
+(29.0 vs 31.6, 47.9 vs 50.7, 80.0 vs 95.3 ms); at 1 req/s its first token came sooner for 28% of
+the same requests. The second run in this form, right after it (9b0486d): 0.96x at 1 in flight,
+1.03x at 8, **1.10x at 32**, **1.06x at 64**, 1.04x at 128; Poisson 1.00x / 1.00x / 1.01x;
+shared prefix 1.08x, heavy tail 1.05x. Missed again: ITL p50 at 0.5 req/s 12.99 vs 11.62 ms (12%
+longer; closed at 1 in flight 11.45 vs 11.14) and TTFT p99 at 1 and 2 req/s, 156.2 vs 153.3 and
+229.9 vs 211.7 ms (2% and 9%); met at 0.5 req/s (147.2 vs 161.7). So in both runs the throughput
+targets held and the two latency targets under light open-loop load did not: with one or two
+requests in flight and idle gaps between them the engine's decode step is 3-12% longer than
+vLLM's, which it is not back to back. Not yet known why (vLLM's worker polls, so its core never
+sleeps between requests; the engine's thread waits on the event loop each step): the next thing
+to profile.
+
 `--quick` runs a few small loads on `llama-tiny` widened to head_dim 64 (vLLM's CPU attention
 needs it); its smoke test lives in the e2e tier (e2e/tests/test_bench_vllm.py), the
 tier that has vLLM's venv (`make vllm`): the engine tier must not depend on it.
