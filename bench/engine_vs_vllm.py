@@ -268,10 +268,10 @@ def run(quick: bool = False) -> dict[str, Any]:
     rounds = int(p["rounds"])
     with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
         model = write_tiny_checkpoint(Path(tmp), seed=0, **shape)
-        # both servers up at once, the idle one waiting (it takes no CPU: `idle_peer_cpu_s`), so
-        # each load runs on the two back to back: a drift in the machine's speed over minutes
-        # (a run's two rounds of one server differed by 1.6x when each server ran all its loads
-        # in one stretch) weighs on both alike
+        # both servers up at once, the idle one waiting (quiet first; what it used meanwhile is
+        # each run's `idle_peer_cpu_s`), so each load runs on the two back to back: a drift in
+        # the machine's speed over minutes (a run's two rounds of one server differed by 1.6x
+        # when each server ran all its loads in one stretch) weighs on both alike
         servers = {
             "kvscale": stack.enter_context(
                 engine_process(model, *engine_args, torch_threads=THREADS)
