@@ -6,6 +6,7 @@ layer. Decodes run through the Triton paged-decode kernel on CUDA and, unless --
 replay a CUDA graph per batch-size bucket (`cuda_graphs.py`, `graph_runner.py`); prefill and mixed
 steps run eager. On the CPU, fp32 decodes read K/V through the C kernel (`layers/cpu_decode.c`),
 the linears multiply by weights that oneDNN reordered once at load (`layers/packed_linear.py`),
+RMSNorm and the rotary embedding are one C call each (`layers/cpu_ops.c`),
 glibc's malloc keeps the freed activations for the next step and the KV cache asks for huge
 pages (`host_allocator.py`).
 """
@@ -31,6 +32,7 @@ from kvscale_engine.engine.memory_budget import (
     plan_num_blocks,
 )
 from kvscale_engine.engine.scheduler import ScheduledBatch, ScheduledSeq
+from kvscale_engine.layers import cpu_ops
 from kvscale_engine.layers.attention import BlockMaskFn, DecodeFn, SeqSpan, build_metadata
 from kvscale_engine.layers.packed_linear import PackedLinear, can_pack, pack_linears
 from kvscale_engine.layers.sampler import SampleRequest, sample, to_device
@@ -55,6 +57,9 @@ class ModelRunner:
         if can_pack(self.device, self.dtype):  # fp32 on the CPU: oneDNN's blocked weights
             self.model.fuse_projections(PackedLinear.fused)
             pack_linears(self.model)
+            ops = cpu_ops.load()  # and RMSNorm and rotary as one C call each
+            if ops is not None:
+                self.model.use_cpu_ops(ops)
         self.block_mask_fn: BlockMaskFn | None = None
         if _use_flex(config, self.device):
             self._install_flex()

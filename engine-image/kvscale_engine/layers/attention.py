@@ -34,6 +34,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from kvscale_engine.layers.cpu_ops import CpuOps
 from kvscale_engine.layers.slots import slot_of
 
 FLEX_PAD = 128
@@ -284,6 +285,7 @@ class PagedAttention(torch.nn.Module):
         self.scale = head_dim**-0.5
         self.flex_fn: Callable[..., torch.Tensor] | None = None  # set by the model runner
         self.decode_fn: DecodeFn | None = None  # set by the model runner
+        self.cpu_ops: CpuOps | None = None  # set by the model's use_cpu_ops()
 
     def forward(
         self,
@@ -295,8 +297,13 @@ class PagedAttention(torch.nn.Module):
     ) -> torch.Tensor:
         """q: [tokens, heads, dim]; k, v: [tokens, kv_heads, dim]; returns [tokens, heads, dim]."""
         k_cache, v_cache = kv_cache
-        k_cache.index_copy_(0, meta.slot_mapping, k)
-        v_cache.index_copy_(0, meta.slot_mapping, v)
+        if self.cpu_ops is not None:
+            self.cpu_ops.kv_write(k, v, k_cache, v_cache, meta.slot_mapping)
+        else:
+            k_cache.index_copy_(0, meta.slot_mapping, k)
+            v_cache.index_copy_(0, meta.slot_mapping, v)
+        if meta.num_decodes == q.shape[0] and meta.flex is None and not meta.prefills:
+            return self._decode(q, k_cache, v_cache, meta)  # a decode-only step: no copy out
         out = torch.empty_like(q)
         if meta.num_decodes:  # decode
             out[: meta.num_decodes] = self._decode(q[: meta.num_decodes], k_cache, v_cache, meta)

@@ -13,37 +13,25 @@ KV head in turn, and asks for the next block a row at a time: the same case on t
 14.7-16.1 -> 10.9-12.6 ms; a decode step at 64 in flight 8% shorter, at 32 x 1,000-2,000 tokens
 18% (cpu_decode.c says how).
 
-The shared library is compiled on first use with `-O3 -march=native -ffast-math` into a cache
-keyed by the source, the flags and the CPU (KVSCALE_KERNEL_CACHE, else ~/.cache/kvscale/kernels,
-else the temp folder when home is read-only), and moved into place by rename, so concurrent
-processes agree; builds of older sources are removed then.
-`load()` returns None when no compiler is there, and the model runner keeps the reference
-decode, saying why.
+It is built once per machine by `native.py` (`-O3 -march=native -ffast-math`); `load()` returns
+None when no compiler is there, and the model runner keeps the reference decode, saying why.
 """
 
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import logging
-import os
-import platform
-import shutil
-import subprocess
-import tempfile
 from pathlib import Path
 
 import torch
 
+from kvscale_engine.layers import native
 from kvscale_engine.model_config import ModelConfig
 
-log = logging.getLogger(__name__)
 MAX_GROUP, MAX_DIM, MAX_BLOCK = 16, 256, 64  # as cpu_decode.c sizes its buffers
 SOURCE = Path(__file__).with_suffix(".c")
 # -ffast-math lets expf vectorize (glibc's libmvec); it is given to the compile step only, since
 # linking a shared library with it would set flush-to-zero for the whole process (torch too)
 FLAGS = ("-O3", "-march=native", "-ffast-math", "-fopenmp", "-fPIC", "-std=c11")
-LINK = ("-shared", "-fopenmp")
 
 
 class Kernel:
@@ -108,59 +96,5 @@ def unsupported(model: ModelConfig, block_size: int) -> str | None:
 def load() -> Kernel | None:
     """The compiled kernel, building it first if this machine has no copy; None without a
     C compiler or when the build fails (logged)."""
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
-        log.warning("No C compiler (cc, gcc or $CC): the CPU decode gathers K/V (slower)")
-        return None
-    path = _cache_dir() / f"cpu_decode-{_key(cc)}.so"
-    if not path.exists():
-        try:
-            _build(cc, path)
-        except (OSError, subprocess.CalledProcessError) as exc:
-            detail = getattr(exc, "stderr", "") or exc
-            log.warning("Building the CPU decode kernel failed (%s): gathering K/V instead", detail)
-            return None
-    return Kernel(ctypes.CDLL(str(path)))
-
-
-def _build(cc: str, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
-        obj, lib = Path(tmp) / "cpu_decode.o", Path(tmp) / "cpu_decode.so"
-        for cmd in ([cc, *FLAGS, "-c", str(SOURCE), "-o", str(obj)],
-                    [cc, *LINK, str(obj), "-o", str(lib), "-lm"]):  # fmt: skip
-            subprocess.run(cmd, check=True, capture_output=True, text=True)
-        os.replace(lib, path)
-    for stale in path.parent.glob("cpu_decode-*.so"):  # older sources' builds
-        if stale != path:
-            stale.unlink(missing_ok=True)
-
-
-def _key(cc: str) -> str:
-    h = hashlib.sha256(SOURCE.read_bytes())
-    h.update(" ".join((cc, *FLAGS, *LINK, platform.machine(), _cpu())).encode())
-    return h.hexdigest()[:16]
-
-
-def _cpu() -> str:
-    """The CPU's model and feature flags (what -march=native compiles for)."""
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        return platform.processor()
-    wanted = ("model name", "flags")
-    return "|".join(sorted({ln for ln in lines if ln.split(":")[0].strip() in wanted}))
-
-
-def _cache_dir() -> Path:
-    configured = os.environ.get("KVSCALE_KERNEL_CACHE")
-    if configured:
-        return Path(configured)
-    home = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kvscale" / "kernels"
-    try:
-        home.mkdir(parents=True, exist_ok=True)
-        if os.access(home, os.W_OK):
-            return home
-    except OSError:
-        pass
-    return Path(tempfile.gettempdir()) / "kvscale-kernels"
+    path = native.build(SOURCE, FLAGS, "the CPU decode gathers K/V instead (slower)")
+    return None if path is None else Kernel(ctypes.CDLL(str(path)))

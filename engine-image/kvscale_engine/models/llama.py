@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kvscale_engine.layers.attention import AttentionMetadata, PagedAttention
+from kvscale_engine.layers.cpu_ops import CpuOps
 from kvscale_engine.layers.rotary import Rope, RotaryEmbedding, rotate
 from kvscale_engine.model_config import ModelConfig
 
@@ -26,8 +27,11 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(size))
         self.eps = eps
+        self.cpu_ops: CpuOps | None = None  # set by use_cpu_ops()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.cpu_ops is not None:
+            return self.cpu_ops.rms_norm(x, self.weight, self.eps)
         dtype = x.dtype
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -49,6 +53,7 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(self.heads * self.head_dim, cfg.hidden_size, bias=o_bias)
         self.attn = PagedAttention(self.heads, self.kv_heads, self.head_dim)
         self.qkv_proj: nn.Module | None = None  # set by fuse()
+        self.cpu_ops: CpuOps | None = None  # set by use_cpu_ops()
         kv = self.kv_heads * self.head_dim
         self.qkv_sizes = (self.heads * self.head_dim, kv, kv)  # qkv_proj's output, split
 
@@ -73,7 +78,11 @@ class Attention(nn.Module):
         q = q.view(-1, self.heads, self.head_dim)
         k = k.view(-1, self.kv_heads, self.head_dim)
         v = v.view(-1, self.kv_heads, self.head_dim)
-        q, k = rotate(rope, q, k)
+        if self.cpu_ops is not None:  # in place: q and k are this step's fresh projections
+            for t in (q, k):
+                self.cpu_ops.rope_(t, *rope)
+        else:
+            q, k = rotate(rope, q, k)
         if rows is not None:
             q = q.index_select(0, rows)
         o = self.attn(q, k, v, cache, meta)
@@ -175,6 +184,13 @@ class LlamaForCausalLM(nn.Module):
         for module in self.modules():
             if isinstance(module, (Attention, MLP)):
                 module.fuse(make)
+
+    def use_cpu_ops(self, ops: CpuOps) -> None:
+        """RMSNorm, the rotary embedding and the KV cache write as one C call each (fp32 on the
+        CPU)."""
+        for module in self.modules():
+            if isinstance(module, (RMSNorm, Attention, PagedAttention)):
+                module.cpu_ops = ops
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.config.tie_word_embeddings:
