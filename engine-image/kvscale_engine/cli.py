@@ -70,6 +70,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="run every step eagerly (no CUDA graphs for decode steps)",
     )  # fmt: skip
     serve.add_argument(
+        "--small-batch-weights", action=argparse.BooleanOptionalAction, default=None,
+        help="fp32 on the CPU: keep each linear's weight in the checkpoint's layout too, for "
+        "steps of 1-3 rows, where it multiplies faster than oneDNN's blocked copy (on by "
+        "default; twice the weight memory)",
+    )  # fmt: skip
+    serve.add_argument(
         "--traffic-classes",
         help='JSON list: [{"name": "interactive", "priority": 10, "maxQueueWaitSeconds": 2,'
         ' "maxConcurrency": 8, "maxQueue": 64}, ...]; the first is the default class',
@@ -119,6 +125,8 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         fields["enable_prefix_caching"] = args.enable_prefix_caching
     if args.enforce_eager:
         fields["enforce_eager"] = True
+    if args.small_batch_weights is not None:
+        fields["small_batch_weights"] = args.small_batch_weights
     return EngineConfig(model=args.model, **fields)
 
 

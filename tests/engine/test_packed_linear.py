@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from kvscale_engine.engine.llm_engine import LLMEngine
-from kvscale_engine.layers.packed_linear import PackedLinear
+from kvscale_engine.layers.packed_linear import SMALL_ROWS, PackedLinear
 from kvscale_engine.models.llama import MLP, Attention
 
 TOL = {"atol": 1e-5, "rtol": 1e-5}
@@ -23,9 +23,27 @@ def test_packed_matches_linear(rows: int) -> None:
     torch.testing.assert_close(PackedLinear(linear)(x), linear(x), **TOL)
 
 
-def test_packed_takes_an_empty_batch() -> None:
-    out = PackedLinear(nn.Linear(8, 4))(torch.empty(0, 8))
+@pytest.mark.parametrize("small_batch", [False, True])
+def test_packed_takes_an_empty_batch(small_batch: bool) -> None:
+    out = PackedLinear(nn.Linear(8, 4), small_batch)(torch.empty(0, 8))
     assert out.shape == (0, 4)
+
+
+@pytest.mark.parametrize("rows", [1, 2, SMALL_ROWS, SMALL_ROWS + 1, 64])
+def test_small_batches_multiply_by_the_checkpoint_layout(rows: int) -> None:
+    """Up to SMALL_ROWS rows go through F.linear over the weight as loaded (the same sums as
+    nn.Linear's, bit for bit); more rows through oneDNN's blocked copy (equal to rounding)."""
+    torch.manual_seed(rows)
+    linear = nn.Linear(96, 160, bias=True)
+    x = torch.randn(rows, 96)
+    packed = PackedLinear(linear, small_batch=True)
+    assert packed.plain is not None and torch.equal(packed.plain, linear.weight)
+    got = packed(x)
+    if rows <= SMALL_ROWS:
+        assert torch.equal(got, linear(x))
+    else:
+        torch.testing.assert_close(got, linear(x), **TOL)
+    torch.testing.assert_close(PackedLinear(linear)(x), got, **TOL)
 
 
 @pytest.mark.parametrize("biases", [(False, False, False), (True, True, True), (True, False, True)])
@@ -59,3 +77,16 @@ def test_other_dtypes_keep_the_checkpoint_layout(make_engine: Callable[..., LLME
     model = make_engine(dtype="bfloat16").model_runner.model
     attn = next(m for m in model.modules() if isinstance(m, Attention))
     assert attn.qkv_proj is None and isinstance(attn.q_proj, nn.Linear)
+
+
+def test_the_engine_keeps_the_small_batch_layout_unless_told_not_to(
+    make_engine: Callable[..., LLMEngine],
+) -> None:
+    """Both layouts are weights the memory budget counts; --no-small-batch-weights keeps one."""
+    sizes = {}
+    for small in (True, False):
+        model = make_engine(small_batch_weights=small).model_runner.model
+        packed = [m for m in model.modules() if isinstance(m, PackedLinear)]
+        assert packed and all((m.plain is not None) == small for m in packed)
+        sizes[small] = sum(p.numel() for p in model.parameters())
+    assert sizes[True] - sizes[False] == sum(m.in_features * m.out_features for m in packed)

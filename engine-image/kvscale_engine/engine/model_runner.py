@@ -6,7 +6,8 @@ layer. Decodes run through the Triton paged-decode kernel on CUDA and, unless --
 replay a CUDA graph per batch-size bucket (`cuda_graphs.py`, `graph_runner.py`); prefill and mixed
 steps run eager. On the CPU, fp32 decodes read K/V through the C kernel (`layers/cpu_decode.c`),
 the linears multiply by weights that oneDNN reordered once at load (`layers/packed_linear.py`),
-RMSNorm and the rotary embedding are one C call each (`layers/cpu_ops.c`),
+steps of 1-3 rows multiply by the weights as loaded (MKL is faster there), RMSNorm, the rotary
+embedding and the KV cache write are one C call each (`layers/cpu_ops.c`),
 glibc's malloc keeps the freed activations for the next step and the KV cache asks for huge
 pages (`host_allocator.py`).
 """
@@ -55,8 +56,9 @@ class ModelRunner:
             keep_freed_buffers()
         self.model = load_model(config, model_cfg, self.device, self.dtype)
         if can_pack(self.device, self.dtype):  # fp32 on the CPU: oneDNN's blocked weights
-            self.model.fuse_projections(PackedLinear.fused)
-            pack_linears(self.model)
+            small = config.small_batch_weights  # and the checkpoint's layout for 1-3 rows
+            self.model.fuse_projections(functools.partial(PackedLinear.fused, small_batch=small))
+            pack_linears(self.model, small)
             ops = cpu_ops.load()  # and RMSNorm and rotary as one C call each
             if ops is not None:
                 self.model.use_cpu_ops(ops)

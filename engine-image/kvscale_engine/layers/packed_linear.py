@@ -11,6 +11,13 @@ Linears that read the same input (q/k/v, gate/up) can be packed as one (`PackedL
 one GEMM instead of three or two, its outputs side by side. On the bench model that took a
 decode step from about 5.6 to 4.9 ms at 1 sequence and 18.7 to 17.9 ms at 32 (three alternating
 rounds, offline), since a small GEMM's fixed cost counts at low batch.
+
+At one to three rows, though, oneDNN's blocked GEMM is slower than `F.linear` over the weight in
+the checkpoint's layout (MKL): a layer's four GEMMs of the benchmark's model, 1 thread, 8
+layers' weights in turn, 752 vs 603 us at 1 row, 822 vs 610 at 2, 750 vs 637 at 3, but 724 vs
+1,041 at 4 and 1.4-1.6x the other way at 16. With `small_batch` a PackedLinear keeps that layout
+too and takes it for up to SMALL_ROWS rows: a decode step at 1-3 in flight 7-11% shorter
+(alternating step by step), for twice the weight memory (`--no-small-batch-weights` keeps one).
 """
 
 from __future__ import annotations
@@ -18,20 +25,26 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import nn
+
+SMALL_ROWS = 3  # up to this many rows multiply by the weight in the checkpoint's layout
 
 
 class PackedLinear(nn.Module):
-    def __init__(self, linear: nn.Linear) -> None:
+    def __init__(self, linear: nn.Linear, small_batch: bool = False) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), None)
+        plain = linear.weight.detach().contiguous()
+        packed = torch.ops.mkldnn._reorder_linear_weight(plain, None)
         self.weight = nn.Parameter(packed, requires_grad=False)  # counted with the weights
+        # small batches: the checkpoint's layout as well (counted too), or None
+        self.plain = nn.Parameter(plain, requires_grad=False) if small_batch else None
         bias = linear.bias
         self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
 
     @classmethod
-    def fused(cls, linears: Sequence[nn.Linear]) -> PackedLinear:
+    def fused(cls, linears: Sequence[nn.Linear], small_batch: bool = False) -> PackedLinear:
         """One packed linear for `linears` that read the same input; outputs in their order (a
         missing bias among biased ones counts as zeros)."""
         out = sum(lin.out_features for lin in linears)
@@ -45,18 +58,18 @@ class PackedLinear(nn.Module):
                     for lin in linears
                 ]
                 whole.bias.copy_(torch.cat(parts))
-        return cls(whole)
+        return cls(whole, small_batch)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dim() == 2 and x.shape[0]:  # the model's [tokens, features]: no reshape each way
-            return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")  # type: ignore[no-any-return]
-        rows = x.reshape(-1, self.in_features)
-        if rows.shape[0] == 0:
-            return x.new_empty(*x.shape[:-1], self.out_features)
-        out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(
-            rows, self.weight, self.bias, "none", [], ""
-        )
-        return out.view(*x.shape[:-1], self.out_features)
+        rows = x if x.dim() == 2 else x.reshape(-1, self.in_features)  # the model's are 2-D
+        n = rows.shape[0]
+        if n == 0:
+            out = x.new_empty(0, self.out_features)
+        elif n <= SMALL_ROWS and self.plain is not None:
+            out = F.linear(rows, self.plain, self.bias)
+        else:
+            out = torch.ops.mkldnn._linear_pointwise(rows, self.weight, self.bias, "none", [], "")
+        return out if x.dim() == 2 else out.view(*x.shape[:-1], self.out_features)
 
 
 def can_pack(device: torch.device, dtype: torch.dtype) -> bool:
@@ -64,12 +77,12 @@ def can_pack(device: torch.device, dtype: torch.dtype) -> bool:
     return device.type == "cpu" and dtype == torch.float32 and mkldnn
 
 
-def pack_linears(model: nn.Module) -> int:
+def pack_linears(model: nn.Module, small_batch: bool = False) -> int:
     """Swap every nn.Linear below `model` for a PackedLinear; returns how many it swapped."""
     swapped = 0
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if isinstance(child, nn.Linear):
-                setattr(parent, name, PackedLinear(child))
+                setattr(parent, name, PackedLinear(child, small_batch))
                 swapped += 1
     return swapped
