@@ -16,7 +16,7 @@ KEDA = $(shell e2e/keda/build.sh)
 E2E_PATH := PYTHONPATH=$(CURDIR)/e2e
 
 .PHONY: profile prereqs venv system-deps k8s helm keda vllm lint typecheck imports crds chart test test-unit \
-	test-engine test-controlplane test-e2e test-fresh demo bench cluster-up cluster-down image clean \
+	test-engine test-engine-installs test-controlplane test-e2e test-fresh demo bench cluster-up cluster-down image clean \
 	real-node test-real test-real-engine cluster-up-real
 
 $(STAMP): pyproject.toml
@@ -81,6 +81,13 @@ test-unit: venv system-deps
 test-engine: venv system-deps  # system-deps: the C compiler for the CPU decode kernel
 	$(PYTEST) tests/engine
 
+# the engine tier's tests that need each thing its install brings (the C compiler, transformers,
+# the server and the openai client): the fresh-machine check runs these, after `make test` ran
+# the whole tier on the same commit
+test-engine-installs: venv system-deps
+	$(PYTEST) tests/engine/test_cpu_ops.py tests/engine/test_cpu_decode.py \
+		tests/engine/test_server_openai.py
+
 # the chart's tests run helm (make helm)
 test-controlplane: prereqs venv system-deps k8s helm
 	KVSCALE_K8S_BIN=$(K8S_BIN) KVSCALE_HELM=$(HELM) $(PYTEST) tests/controlplane
@@ -110,7 +117,7 @@ test: prereqs lint typecheck imports test-unit test-engine test-controlplane tes
 	test-real-engine
 
 # a clean clone of HEAD in a fresh Debian 12 container runs FRESH_TARGETS (default: prereqs lint
-# typecheck imports test-unit test-engine); CI runs it after `make test`
+# typecheck imports test-unit test-engine-installs); CI runs it after `make test`
 test-fresh:
 	$(MAKE) prereqs system-deps FRESH=1
 	e2e/fresh-machine.sh

@@ -2,8 +2,9 @@
 # The fresh-machine check: what a new user meets. A clean clone of this checkout's HEAD in a fresh
 # Debian 12 container that holds only what a user brings: Python 3.11 (with venv), git and make
 # from Debian, and Go (this machine's toolchain, mounted read-only). There it runs
-#     make prereqs lint typecheck imports test-unit test-engine
-# so a missing install step (a system package that only a developer's machine happened to have)
+#     make prereqs lint typecheck imports test-unit test-engine-installs
+# (the engine tests that need each thing the install brings; `make test` ran the whole engine
+# tier on the same commit), so a missing install step (a system package that only a developer's machine happened to have)
 # fails here, as it would for the user, instead of hiding behind a warm CI machine.
 #
 # Caches hold downloads only, never installed state, so a rerun costs minutes, not a cold
@@ -22,7 +23,7 @@
 # for a look afterwards), DEBIAN_MIRROR, CA_BUNDLE (the CA bundle this network needs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-TARGETS=${FRESH_TARGETS:-prereqs lint typecheck imports test-unit test-engine}
+TARGETS=${FRESH_TARGETS:-prereqs lint typecheck imports test-unit test-engine-installs}
 SUITE=bookworm
 # what a user has: Python 3.11 with venv, git, make (and Go, mounted below); nothing else
 PACKAGES=python3,python3-venv,git,make,ca-certificates
