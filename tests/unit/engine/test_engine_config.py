@@ -96,3 +96,14 @@ def test_enforce_eager_and_decode_attention_flags(
     args = build_parser().parse_args(["serve", "--model", "dummy:llama-tiny", *argv])
     config = engine_config(args)
     assert (config.enforce_eager, config.decode_attention) == (eager, decode)
+
+
+@pytest.mark.parametrize(
+    ("argv", "small"),
+    [([], True), (["--no-small-batch-weights"], False), (["--small-batch-weights"], True)],
+)
+def test_small_batch_weights_flag(argv: list[str], small: bool) -> None:
+    from kvscale_engine.cli import build_parser, engine_config
+
+    args = build_parser().parse_args(["serve", "--model", "dummy:llama-tiny", *argv])
+    assert engine_config(args).small_batch_weights is small
