@@ -182,9 +182,27 @@ longer; closed at 1 in flight 11.45 vs 11.14) and TTFT p99 at 1 and 2 req/s, 156
 229.9 vs 211.7 ms (2% and 9%); met at 0.5 req/s (147.2 vs 161.7). So in both runs the throughput
 targets held and the two latency targets under light open-loop load did not: with one or two
 requests in flight and idle gaps between them the engine's decode step is 3-12% longer than
-vLLM's, which it is not back to back. Not yet known why (vLLM's worker polls, so its core never
-sleeps between requests; the engine's thread waits on the event loop each step): the next thing
-to profile.
+vLLM's, which it is not back to back. Why is in the next paragraph.
+
+Then (2026-12-06, the same Xeon), where that time went. A decode step at 1 in flight was 1,112
+torch ops (torch.profiler), 82% of the step in the GEMMs: RMSNorm was eight ops, the rotary
+embedding of q and k fourteen a layer, the KV cache write two. And the GEMMs at one row were
+slower than they need be: oneDNN's blocked GEMM (`_linear_pointwise`, what vLLM's `onednn_mm` also
+runs) took 752 us for a layer's four against 603 us for `F.linear` over the weights as loaded
+(MKL); 822 vs 610 at 2 rows, 750 vs 637 at 3, but 724 vs 1,041 at 4 (1 thread, 8 layers' weights
+in turn; vLLM's `onednn_mm` in its venv 671 us at 1 row). Two levers, each A/B offline with the
+lever switched every other step (the machine's speed drifted by up to 2x within minutes):
+RMSNorm, the rotary embedding and the cache write as one C call each (`layers/cpu_ops.c`; 492
+ops a step), a step 7.7% shorter at 1 in flight, 7.1% at 4, 5.5% at 16; steps of 1-3 rows over the
+checkpoint-layout weights, kept beside the packed copy (twice the weight memory), 7.5% / 11% / 9%
+shorter at 1 / 2 / 3 in flight, unchanged at 4. Served, four servers up at once (the engine
+before, with both levers, with both and its thread stepping back to back, vLLM), two rounds:
+ITL p50 closed at 1 in flight 22.5/15.0, 17.8/13.8, 17.9/14.9 and 29.2/14.4 ms; the thread
+stepping back to back did not pay and was reverted. The run at 5698f0b: **1.24x** at 1 in
+flight, 1.005x at 8, **1.11x at 32**, **1.16x at 64**, 1.04x at 128; Poisson 1.00x / 1.02x /
+1.01x; shared prefix 0.98x, heavy tail 1.12x; ITL p50 at 0.5 req/s 14.75 vs 19.30 ms; TTFT p99 at
+the Poisson rates 198.4 vs 239.4, **234.4 vs 227.3**, 324.7 vs 344.6 ms (3% longer at 1 req/s).
+The machine was slower than the day before (vLLM 59.9 tok/s at 1 in flight against 86).
 
 `--quick` runs a few small loads on `llama-tiny` widened to head_dim 64 (vLLM's CPU attention
 needs it); its smoke test lives in the e2e tier (e2e/tests/test_bench_vllm.py), the
