@@ -59,7 +59,7 @@ class ModelRunner:
             small = config.small_batch_weights  # and the checkpoint's layout for 1-3 rows
             self.model.fuse_projections(functools.partial(PackedLinear.fused, small_batch=small))
             pack_linears(self.model, small)
-            ops = cpu_ops.load()  # and RMSNorm and rotary as one C call each
+            ops = cpu_ops.load()  # RMSNorm, rotary and the cache write as one C call each
             if ops is not None:
                 self.model.use_cpu_ops(ops)
         self.block_mask_fn: BlockMaskFn | None = None
