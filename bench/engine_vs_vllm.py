@@ -198,7 +198,7 @@ checkpoint-layout weights, kept beside the packed copy (twice the weight memory)
 shorter at 1 / 2 / 3 in flight, unchanged at 4. Served, four servers up at once (the engine
 before, with both levers, with both and its thread stepping back to back, vLLM), two rounds:
 ITL p50 closed at 1 in flight 22.5/15.0, 17.8/13.8, 17.9/14.9 and 29.2/14.4 ms; the thread
-stepping back to back did not pay and was reverted. The run at 5698f0b: **1.24x** at 1 in
+stepping back to back did not pay and was reverted. The run at 529a032: **1.24x** at 1 in
 flight, 1.005x at 8, **1.11x at 32**, **1.16x at 64**, 1.04x at 128; Poisson 1.00x / 1.02x /
 1.01x; shared prefix 0.98x, heavy tail 1.12x; ITL p50 at 0.5 req/s 14.75 vs 19.30 ms; TTFT p99 at
 the Poisson rates 198.4 vs 239.4, **234.4 vs 227.3**, 324.7 vs 344.6 ms (3% longer at 1 req/s).
