@@ -4,7 +4,8 @@
 # from Debian, and Go (this machine's toolchain, mounted read-only). There it runs
 #     make prereqs lint typecheck imports test-unit test-engine-installs
 # (the engine tests that need each thing the install brings; `make test` ran the whole engine
-# tier on the same commit), so a missing install step (a system package that only a developer's machine happened to have)
+# tier on the same commit), so a missing install step (a system package that only a
+# developer's machine happened to have)
 # fails here, as it would for the user, instead of hiding behind a warm CI machine.
 #
 # Caches hold downloads only, never installed state, so a rerun costs minutes, not a cold

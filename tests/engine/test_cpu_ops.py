@@ -97,6 +97,10 @@ def test_bad_inputs_are_refused_not_read(ops: cpu_ops.CpuOps) -> None:
         ops.kv_write(k, k, cache, cache, torch.tensor([1, 2, 3], dtype=torch.int32))
     with pytest.raises(ValueError, match="contiguous caches"):
         ops.kv_write(k, k, torch.zeros(32, 4, 8), cache, torch.tensor([1, 2, 3]))
+    with pytest.raises(ValueError, match="contiguous caches"):  # V's cache shorter than K's
+        ops.kv_write(k, k, cache, torch.zeros(8, 2, 16), torch.tensor([1, 2, 3]))
+    with pytest.raises(ValueError, match="cos and sin of 2 x 64"):
+        ops.rope_(torch.randn(2, 4, 64), cos, torch.ones(1, 1, 64))
 
 
 def test_the_engine_runs_them_on_the_cpu_and_matches_hf(

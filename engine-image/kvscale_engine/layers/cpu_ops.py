@@ -55,7 +55,8 @@ class CpuOps:
         _check(x, cos, sin)
         if x.stride(2) != 1 or x.stride(1) != dim or dim % 2:
             raise ValueError("rope_ needs x as [tokens, heads, dim] with heads contiguous")
-        if not (cos.is_contiguous() and sin.is_contiguous()) or cos.numel() != tokens * dim:
+        if (sin.shape != cos.shape or cos.numel() != tokens * dim
+                or not (cos.is_contiguous() and sin.is_contiguous())):  # fmt: skip
             raise ValueError(f"rope_ needs cos and sin of {tokens} x {dim}, contiguous")
         self._rope(x.data_ptr(), x.stride(0), cos.data_ptr(), sin.data_ptr(), tokens, heads, dim)
 
@@ -72,15 +73,13 @@ class CpuOps:
         _check(k, v, k_cache, v_cache)
         tokens, heads, dim = k.shape
         width = heads * dim
-        for t in (k, v):
-            if t.shape != k.shape or t.stride(2) != 1 or t.stride(1) != dim:
-                raise ValueError(
-                    "kv_write needs k and v as [tokens, kv_heads, dim], heads contiguous"
-                )
-        for c in (k_cache, v_cache):
-            if not c.is_contiguous() or c.shape[1:] != k.shape[1:]:
-                raise ValueError("kv_write needs contiguous caches of [slots, kv_heads, dim]")
-        if slots.dtype != torch.int64 or slots.shape != (tokens,) or not slots.is_contiguous():
+        if v.shape != k.shape or k.stride()[1:] != (dim, 1) or v.stride()[1:] != (dim, 1):
+            raise ValueError("kv_write needs k and v as [tokens, kv_heads, dim], heads contiguous")
+        cache = k_cache.shape
+        if (v_cache.shape != cache or cache[1:] != k.shape[1:]
+                or not (k_cache.is_contiguous() and v_cache.is_contiguous())):  # fmt: skip
+            raise ValueError("kv_write needs two contiguous caches of [slots, kv_heads, dim]")
+        if slots.dtype is not torch.int64 or slots.shape != (tokens,) or not slots.is_contiguous():
             raise ValueError(f"kv_write needs {tokens} int64 slots")
         rc = self._kv_write(
             k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0), k_cache.data_ptr(),
@@ -94,13 +93,15 @@ class CpuOps:
 
 def _check(*tensors: torch.Tensor) -> None:
     for t in tensors:
-        if t.dtype != torch.float32 or t.device.type != "cpu":
+        if t.dtype is not torch.float32 or not t.is_cpu:
             raise ValueError(f"cpu ops take fp32 CPU tensors, not {t.dtype} on {t.device}")
 
 
 def load() -> CpuOps | None:
     """The compiled ops, building them first if this machine has no copy; None without a C
     compiler or when the build fails (logged)."""
-    path = native.build(SOURCE, FLAGS, "RMSNorm and the rotary embedding stay torch ops")
+    path = native.build(
+        SOURCE, FLAGS, "RMSNorm, the rotary embedding and the cache write stay torch ops"
+    )
     # PyDLL: each call keeps the GIL (microseconds; see cpu_ops.c)
     return None if path is None else CpuOps(ctypes.PyDLL(str(path)))
