@@ -86,7 +86,7 @@ test-engine: venv system-deps  # system-deps: the C compiler for the CPU decode 
 # the whole tier on the same commit
 test-engine-installs: venv system-deps
 	$(PYTEST) tests/engine/test_cpu_ops.py tests/engine/test_cpu_decode.py \
-		tests/engine/test_server_openai.py
+		tests/engine/test_cpu_gemm.py tests/engine/test_server_openai.py
 
 # the chart's tests run helm (make helm)
 test-controlplane: prereqs venv system-deps k8s helm

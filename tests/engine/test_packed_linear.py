@@ -82,11 +82,14 @@ def test_other_dtypes_keep_the_checkpoint_layout(make_engine: Callable[..., LLME
 def test_the_engine_keeps_the_small_batch_layout_unless_told_not_to(
     make_engine: Callable[..., LLMEngine],
 ) -> None:
-    """Both layouts are weights the memory budget counts; --no-small-batch-weights keeps one."""
+    """Both copies are weights the memory budget counts (the second the C kernel's panels, or
+    the checkpoint's layout without it); --no-small-batch-weights keeps one."""
     sizes = {}
     for small in (True, False):
         model = make_engine(small_batch_weights=small).model_runner.model
         packed = [m for m in model.modules() if isinstance(m, PackedLinear)]
-        assert packed and all((m.plain is not None) == small for m in packed)
+        second = [m.plain if m.panels is None else m.panels for m in packed]
+        assert packed and all((copy is not None) == small for copy in second)
+        assert small or all(m.gemm is None for m in packed)
         sizes[small] = sum(p.numel() for p in model.parameters())
     assert sizes[True] - sizes[False] == sum(m.in_features * m.out_features for m in packed)

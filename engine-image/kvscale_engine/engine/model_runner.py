@@ -33,7 +33,7 @@ from kvscale_engine.engine.memory_budget import (
     plan_num_blocks,
 )
 from kvscale_engine.engine.scheduler import ScheduledBatch, ScheduledSeq
-from kvscale_engine.layers import cpu_ops
+from kvscale_engine.layers import cpu_gemm, cpu_ops
 from kvscale_engine.layers.attention import BlockMaskFn, DecodeFn, SeqSpan, build_metadata
 from kvscale_engine.layers.packed_linear import PackedLinear, can_pack, pack_linears
 from kvscale_engine.layers.sampler import SampleRequest, sample, to_device
@@ -56,9 +56,14 @@ class ModelRunner:
             keep_freed_buffers()
         self.model = load_model(config, model_cfg, self.device, self.dtype)
         if can_pack(self.device, self.dtype):  # fp32 on the CPU: oneDNN's blocked weights
-            small = config.small_batch_weights  # and the checkpoint's layout for 1-3 rows
-            self.model.fuse_projections(functools.partial(PackedLinear.fused, small_batch=small))
-            pack_linears(self.model, small)
+            # and a copy for small batches: the C kernel's panels (1-48 rows), else the
+            # checkpoint's layout (1-3 rows)
+            small = config.small_batch_weights
+            gemm = cpu_gemm.load() if small else None
+            self.model.fuse_projections(
+                functools.partial(PackedLinear.fused, small_batch=small, gemm=gemm)
+            )
+            pack_linears(self.model, small, gemm)
             ops = cpu_ops.load()  # RMSNorm, rotary and the cache write as one C call each
             if ops is not None:
                 self.model.use_cpu_ops(ops)
