@@ -71,9 +71,10 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     serve.add_argument(
         "--small-batch-weights", action=argparse.BooleanOptionalAction, default=None,
-        help="fp32 on the CPU: keep each linear's weight in the checkpoint's layout too, for "
-        "steps of 1-3 rows, where it multiplies faster than oneDNN's blocked copy (on by "
-        "default; twice the weight memory)",
+        help="fp32 on the CPU: keep a second copy of each linear's weight for small steps, "
+        "where it multiplies faster than oneDNN's blocked copy: the C kernel's panels for 1-48 "
+        "rows (AVX-512), else the checkpoint's layout for 1-3 (on by default; twice the weight "
+        "memory)",
     )  # fmt: skip
     serve.add_argument(
         "--traffic-classes",

@@ -39,8 +39,9 @@ class EngineConfig:
     attention_backend: AttentionBackend = "auto"
     decode_attention: DecodeAttention = "auto"
     enforce_eager: bool = False  # no CUDA graphs for decode steps
-    # fp32 on the CPU: each linear's weight in the checkpoint's layout too, for steps of up to
-    # three rows (packed_linear.py; twice the weight memory)
+    # fp32 on the CPU: a second copy of each linear's weight for small steps, the C kernel's
+    # panels for 1-48 rows, else the checkpoint's layout for 1-3 (packed_linear.py; twice the
+    # weight memory)
     small_batch_weights: bool = True
     priority_aging_steps: int = 100
 
