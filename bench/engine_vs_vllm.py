@@ -204,6 +204,36 @@ flight, 1.005x at 8, **1.11x at 32**, **1.16x at 64**, 1.04x at 128; Poisson 1.0
 the Poisson rates 198.4 vs 239.4, **234.4 vs 227.3**, 324.7 vs 344.6 ms (3% longer at 1 req/s).
 The machine was slower than the day before (vLLM 59.9 tok/s at 1 in flight against 86).
 
+Then (2026-12-06, the same Xeon), the TTFT tail, timed inside the served engine (its steps and
+request arrivals, the client's clock; 2 req/s, 100 requests, two rounds): the HTTP path to the
+engine took 2.4-2.8 ms (p50; at most 7.8), the wait for the step running when a request came
+9-13 ms p50 and 57-104 ms p99 (another prompt's prefill), the request's own prefill step 62-77
+ms p50, and 1.4-1.9 ms went from that step's end to the client. A prefill is GEMMs at about this
+core's fp32 speed (300 tokens: 112 ms, 81% oneDNN GEMMs at about 136 GFLOP/s, 9% SDPA, 5% SiLU
+and mul). So the tail is a prompt's prefill plus the prefill it arrived behind, on both servers.
+Smaller prefill chunks would bound the second and lengthen the first: simulated with the
+measured step costs (a step 5.4 ms + 0.41 ms a prefill token + 1.8 ms a running sequence) over 40
+seeds of this workload, chunks of 256 and 128 tokens put the p99 at 1 req/s at 180 and 195 ms
+against 166 ms unchunked (p50 69 -> 75 ms at 128), whether waiting prompts go before running
+chunks or after; served, four servers up at once (chunks of 2,048, 512 and 256 tokens, vLLM), two
+rounds, the spread between two setups that run alike (no prompt here is split at 512) was as large
+as any gap (p99 at 1 req/s 186 vs 226 ms). Not taken. What did pay was the decode step between 4
+and 48 sequences: oneDNN's blocked GEMM read the weights at a third of memory speed there (the
+four GEMMs of the 8 layers, 1 thread, weights read in turn: 3.4 ms at 1 row, 5.3 at 4, 9.0 at 8,
+15.6 at 32), so `layers/cpu_gemm.c` packs each weight in panels of 16 outputs and streams a panel
+once per 16 rows, asking for its lines 4 KB ahead (without that, 12.2 ms at 16 rows): 3.4 ms at
+4 rows, 3.6 at 8, 10.5 at 32, even with oneDNN at 64 and slower beyond, so it takes 1-48 rows.
+Offline, the lever switched every other step: a decode step 17% / 19% / 23% / 9% shorter at 4 /
+8 / 16 / 32 in flight, unchanged at 64. The run at b250013 (the kernel; the machine faster than
+the day before: vLLM 90.5 tok/s at 1 in flight against 59.9) met every target: **1.48x** at 1
+in flight, 1.41x at 8, **1.18x at 32**, **1.11x at 64**, 1.07x at 128; Poisson 1.01x / 1.005x /
+1.02x (the offered load); shared prefix 1.43x, heavy tail 1.44x; ITL p50 at 0.5 req/s 7.25 vs
+11.04 ms; TTFT p99 at the Poisson rates 142.1 vs 166.9, 159.6 vs 170.9, 173.5 vs 215.3 ms, and on
+the same requests the engine's first token came sooner for 59%, 76% and 73% of them. At 1 in
+flight the kernel reads the weights about as fast as MKL did (3.4 vs 3.7 ms offline), so the
+step from 1.24x there is mostly not this change; where vLLM's ITL p99 is shorter: closed 64,
+261.1 vs 273.8 ms.
+
 `--quick` runs a few small loads on `llama-tiny` widened to head_dim 64 (vLLM's CPU attention
 needs it); its smoke test lives in the e2e tier (e2e/tests/test_bench_vllm.py), the
 tier that has vLLM's venv (`make vllm`): the engine tier must not depend on it.
