@@ -229,10 +229,10 @@ the day before: vLLM 90.5 tok/s at 1 in flight against 59.9) met every target: *
 in flight, 1.41x at 8, **1.18x at 32**, **1.11x at 64**, 1.07x at 128; Poisson 1.01x / 1.005x /
 1.02x (the offered load); shared prefix 1.43x, heavy tail 1.44x; ITL p50 at 0.5 req/s 7.25 vs
 11.04 ms; TTFT p99 at the Poisson rates 142.1 vs 166.9, 159.6 vs 170.9, 173.5 vs 215.3 ms, and on
-the same requests the engine's first token came sooner for 59%, 76% and 73% of them. At 1 in
-flight the kernel reads the weights about as fast as MKL did (3.4 vs 3.7 ms offline), so the
-step from 1.24x there is mostly not this change; where vLLM's ITL p99 is shorter: closed 64,
-261.1 vs 273.8 ms.
+the same requests the engine's first token came sooner for 59%, 76% and 73% of them. At 1 row
+the kernel reads the weights about as fast as MKL did offline (3.6-3.9 vs 3.7-3.8 ms), so it does
+not explain the step from 1.24x at 1 in flight (the engine before it was not served beside it);
+where vLLM's ITL p99 is shorter: closed 64, 261.1 vs 273.8 ms.
 
 `--quick` runs a few small loads on `llama-tiny` widened to head_dim 64 (vLLM's CPU attention
 needs it); its smoke test lives in the e2e tier (e2e/tests/test_bench_vllm.py), the
