@@ -57,10 +57,7 @@ class Kernel:
         block_size: int,
         window: int | None = None,
     ) -> torch.Tensor:
-        for t in (q, k_cache, v_cache):
-            if t.dtype != torch.float32 or t.device.type != "cpu":
-                msg = f"cpu paged decode takes fp32 CPU tensors, not {t.dtype} on {t.device}"
-                raise ValueError(msg)
+        native.require_fp32_cpu("cpu paged decode", q, k_cache, v_cache)
         q = q.contiguous()
         tables = block_tables.to(torch.int32).contiguous()
         lens = context_lens.to(torch.int32).contiguous()

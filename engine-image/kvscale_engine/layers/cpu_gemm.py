@@ -62,9 +62,7 @@ class Gemm:
         """x [rows, in] (each row contiguous) times the packed weight: [rows, out]."""
         groups, inp, lanes = panels.shape
         out = groups * PANEL
-        for t in (x, panels) if bias is None else (x, panels, bias):
-            if t.dtype is not torch.float32 or not t.is_cpu:
-                raise ValueError(f"cpu_gemm takes fp32 CPU tensors, not {t.dtype} on {t.device}")
+        native.require_fp32_cpu("cpu_gemm", x, panels, *(() if bias is None else (bias,)))
         if x.dim() != 2 or x.shape[1] != inp or x.stride(1) != 1:
             raise ValueError(f"cpu_gemm needs x as [rows, {inp}], each row contiguous")
         if lanes != PANEL or not panels.is_contiguous():

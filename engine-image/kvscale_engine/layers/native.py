@@ -4,7 +4,8 @@ A library is compiled on first use with the system C compiler into a cache keyed
 the flags and the CPU (KVSCALE_KERNEL_CACHE, else ~/.cache/kvscale/kernels, else the temp folder
 when home is read-only), and moved into place by rename, so concurrent processes agree; builds of
 older sources are removed then. `build()` returns None when no compiler is there or the build
-fails (logged), and the caller keeps its torch path.
+fails (logged), and the caller keeps its torch path. The kernels take fp32 CPU tensors, which
+`require_fp32_cpu` checks for their wrappers.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
+
+import torch
 
 log = logging.getLogger(__name__)
 LINK = ("-shared", "-fopenmp")
@@ -38,6 +41,13 @@ def build(source: Path, flags: tuple[str, ...], what: str) -> Path | None:
             log.warning("Building %s failed (%s): %s", source.name, detail, what)
             return None
     return path
+
+
+def require_fp32_cpu(kernel: str, *tensors: torch.Tensor) -> None:
+    """ValueError, naming `kernel`, unless every tensor is fp32 on the CPU."""
+    for t in tensors:
+        if t.dtype is not torch.float32 or not t.is_cpu:
+            raise ValueError(f"{kernel} takes fp32 CPU tensors, not {t.dtype} on {t.device}")
 
 
 def _build(cc: str, source: Path, flags: tuple[str, ...], path: Path) -> None:
