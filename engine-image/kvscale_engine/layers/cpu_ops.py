@@ -38,7 +38,7 @@ class CpuOps:
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         """Hugging Face's RMSNorm of each row of x ([tokens, hidden]; rows may be strided)."""
-        native.require_fp32_cpu("cpu ops", x, weight)
+        native.require_fp32_cpu("cpu_ops", x, weight)
         if x.dim() != 2 or x.stride(1) != 1 or not weight.is_contiguous():
             raise ValueError(
                 "rms_norm needs x as [tokens, hidden], each row and the weight contiguous"
@@ -52,7 +52,7 @@ class CpuOps:
         """Rotates x ([tokens, heads, dim], each token's heads contiguous) in place by cos and
         sin ([tokens, 1, dim] or [tokens, dim], contiguous), as `rotary.rotate` does."""
         tokens, heads, dim = x.shape
-        native.require_fp32_cpu("cpu ops", x, cos, sin)
+        native.require_fp32_cpu("cpu_ops", x, cos, sin)
         if x.stride(2) != 1 or x.stride(1) != dim or dim % 2:
             raise ValueError("rope_ needs x as [tokens, heads, dim] with heads contiguous")
         if (sin.shape != cos.shape or cos.numel() != tokens * dim
@@ -70,7 +70,7 @@ class CpuOps:
     ) -> None:
         """k_cache[slots] = k and v_cache[slots] = v (k, v: [tokens, kv_heads, dim], each
         token's heads contiguous; the caches [slots, kv_heads, dim], contiguous)."""
-        native.require_fp32_cpu("cpu ops", k, v, k_cache, v_cache)
+        native.require_fp32_cpu("cpu_ops", k, v, k_cache, v_cache)
         tokens, heads, dim = k.shape
         width = heads * dim
         if v.shape != k.shape or k.stride()[1:] != (dim, 1) or v.stride()[1:] != (dim, 1):
