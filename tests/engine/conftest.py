@@ -40,6 +40,13 @@ def hf_llama(llama_dir: Path) -> HFReference:
 
 
 @pytest.fixture
+def no_compiler(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A machine without a C compiler: an empty kernel cache and $CC naming nothing."""
+    monkeypatch.setenv("KVSCALE_KERNEL_CACHE", str(tmp_path))
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+
+
+@pytest.fixture
 def make_engine(llama_dir: Path) -> Iterator[Callable[..., LLMEngine]]:
     def make(model: str | Path = llama_dir, **overrides: Any) -> LLMEngine:
         settings: dict[str, Any] = {

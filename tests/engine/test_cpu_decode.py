@@ -107,10 +107,8 @@ def test_built_once_per_source_into_the_cache(
 
 
 def test_without_a_compiler_the_engine_keeps_the_reference_decode(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, make_engine: Callable[..., LLMEngine]
+    no_compiler: None, make_engine: Callable[..., LLMEngine]
 ) -> None:
-    monkeypatch.setenv("KVSCALE_KERNEL_CACHE", str(tmp_path))
-    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
     assert cpu_decode.load() is None
     assert make_engine().model_runner.decode_attention == "reference"
     with pytest.raises(RuntimeError, match="could not be built"):

@@ -4,7 +4,6 @@ it for its small batches on the CPU."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 
 import pytest
 import torch
@@ -115,10 +114,8 @@ def test_the_engine_takes_it_for_small_batches_and_matches_hf(
 
 
 def test_without_a_compiler_the_engine_keeps_torchs_gemms(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, make_engine: Callable[..., LLMEngine]
+    no_compiler: None, make_engine: Callable[..., LLMEngine]
 ) -> None:
-    monkeypatch.setenv("KVSCALE_KERNEL_CACHE", str(tmp_path))
-    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
     assert cpu_gemm.load() is None
     packed = [m for m in make_engine().model_runner.model.modules() if isinstance(m, PackedLinear)]
     assert packed and all(m.gemm is None and m.plain is not None for m in packed)

@@ -4,7 +4,6 @@ each against the torch code it stands in for, and the engine that installs them 
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 
 import pytest
 import torch
@@ -119,13 +118,8 @@ def test_the_engine_runs_them_on_the_cpu_and_matches_hf(
 
 
 def test_without_a_compiler_the_model_keeps_its_torch_ops(
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    make_engine: Callable[..., LLMEngine],
-    hf_llama: HFReference,
+    no_compiler: None, make_engine: Callable[..., LLMEngine], hf_llama: HFReference
 ) -> None:
-    monkeypatch.setenv("KVSCALE_KERNEL_CACHE", str(tmp_path))
-    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
     assert cpu_ops.load() is None
     engine = make_engine()
     norms = [m for m in engine.model_runner.model.modules() if isinstance(m, RMSNorm)]
