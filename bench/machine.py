@@ -55,16 +55,21 @@ def _mem_total_kib() -> int:
 
 
 def tree_pids(pid: int) -> list[int]:
-    """A process and all its descendants now (Linux /proc); gone ones are left out."""
+    """A process and all its descendants now (Linux /proc); gone ones are left out. A child
+    is listed under the thread that started it, so every thread's children are read."""
     out, todo = [], [pid]
     while todo:
         current = todo.pop()
         try:
-            children = Path(f"/proc/{current}/task/{current}/children").read_text().split()
+            tasks = list(Path(f"/proc/{current}/task").iterdir())
         except (FileNotFoundError, ProcessLookupError):
             continue
         out.append(current)
-        todo.extend(int(c) for c in children)
+        for task in tasks:
+            try:
+                todo.extend(int(c) for c in (task / "children").read_text().split())
+            except (FileNotFoundError, ProcessLookupError):
+                continue
     return out
 
 

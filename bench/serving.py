@@ -14,7 +14,7 @@ from pathlib import Path
 
 import httpx
 
-from bench.machine import cpu_seconds
+from bench.machine import tree_cpu_seconds
 from kvscale_cluster.ports import free_port
 
 
@@ -24,8 +24,9 @@ class EngineProcess:
     pid: int
 
     def cpu_seconds(self) -> float:
-        """CPU time the server process has used so far (all its threads, user + system)."""
-        return cpu_seconds(self.pid)
+        """CPU time the server has used so far: its process and its children (the engine's
+        process), every thread, user + system."""
+        return tree_cpu_seconds(self.pid)
 
 
 @contextmanager

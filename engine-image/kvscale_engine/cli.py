@@ -134,7 +134,6 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
 def build_server(args: argparse.Namespace) -> DrainingServer:
     """The uvicorn server for `serve`; configuration errors surface here, before anything runs."""
     # imported here so that `tiny-checkpoint` and `--help` do not pay for torch
-    from kvscale_engine.engine.llm_engine import LLMEngine
     from kvscale_engine.server.app import create_app
     from kvscale_engine.server.config import ServerConfig
 
@@ -153,7 +152,7 @@ def build_server(args: argparse.Namespace) -> DrainingServer:
         admin_port=args.admin_port or None,
         max_body_bytes=args.max_body_bytes,
     )
-    app = create_app(lambda: LLMEngine(cfg), server_cfg)
+    app = create_app(cfg, server_cfg)  # the engine runs in a child process
     config = uvicorn.Config(
         app,
         host=args.host,

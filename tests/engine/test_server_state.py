@@ -29,7 +29,7 @@ async def _fail_engine(state: ServerState, engine: LLMEngine) -> None:
         raise RuntimeError("kernel exploded")
 
     engine.model_runner.run = broken  # type: ignore[method-assign]
-    stream = state.engine_thread.add("victim", [1, 2, 3], PARAMS, 0, 0.0)
+    stream = state.runner.add("victim", [1, 2, 3], PARAMS, 0, 0.0)
     assert isinstance(await stream.get(), RuntimeError)
 
 

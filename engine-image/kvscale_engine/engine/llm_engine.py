@@ -1,15 +1,14 @@
 """The engine: each step schedules a batch, runs the model and folds the tokens back in.
 
 Not thread-safe: call `add_request`, `abort_request` and `step` from one thread (the server
-runs them on its engine thread, `server/engine_thread.py`), so a step never sees a request vanish
-half-way.
+runs them in its engine's process, `server/engine_process.py`, or on its engine thread,
+`server/engine_thread.py`), so a step never sees a request vanish half-way.
 """
 
 from __future__ import annotations
 
 import time
 from collections import Counter
-from pathlib import Path
 
 from kvscale_engine.config import EngineConfig
 from kvscale_engine.engine.block_manager import BlockManager
@@ -18,7 +17,7 @@ from kvscale_engine.engine.model_runner import ModelRunner
 from kvscale_engine.engine.outputs import EngineStats, RequestOutput
 from kvscale_engine.engine.scheduler import ScheduledBatch, Scheduler
 from kvscale_engine.engine.sequence import Sequence
-from kvscale_engine.engine.tokenizer import Tokenizer
+from kvscale_engine.engine.tokenizer import load_tokenizer
 from kvscale_engine.model_config import ModelConfig
 from kvscale_engine.sampling_params import SamplingParams
 
@@ -150,14 +149,3 @@ class LLMEngine:
 
 def _sampled(batch: ScheduledBatch) -> list[Sequence]:
     return [item.seq for item in batch.seqs if item.samples]
-
-
-def load_tokenizer(config: EngineConfig) -> Tokenizer:
-    """The checkpoint's tokenizer; dummy architectures get the built-in byte-level BPE."""
-    source = Path(config.model_source)
-    if (source / "tokenizer.json").exists():
-        return Tokenizer.from_dir(source)
-    from kvscale_engine.engine.checkpoint import EOS, build_tokenizer
-
-    backend = build_tokenizer()
-    return Tokenizer(backend, backend.token_to_id(EOS), None, {"eos_token": EOS})

@@ -11,6 +11,8 @@ import jinja2
 import jinja2.sandbox
 import tokenizers
 
+from kvscale_engine.config import EngineConfig
+
 Message = Mapping[str, Any]
 
 
@@ -62,6 +64,17 @@ class Tokenizer:
             **self.special_tokens,
         )
         return rendered
+
+
+def load_tokenizer(config: EngineConfig) -> Tokenizer:
+    """The checkpoint's tokenizer; dummy architectures get the built-in byte-level BPE."""
+    source = Path(config.model_source)
+    if (source / "tokenizer.json").exists():
+        return Tokenizer.from_dir(source)
+    from kvscale_engine.engine.checkpoint import EOS, build_tokenizer
+
+    backend = build_tokenizer()
+    return Tokenizer(backend, backend.token_to_id(EOS), None, {"eos_token": EOS})
 
 
 def _chat_template(path: Path, config: dict[str, Any]) -> str | None:

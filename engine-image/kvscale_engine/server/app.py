@@ -57,7 +57,8 @@ class ClientGone(Exception):
 
 
 def create_app(engine: EngineSource, config: ServerConfig) -> FastAPI:
-    """The server around `engine` (an LLMEngine, or a factory that builds one off the loop)."""
+    """The server around `engine`: an EngineConfig (the engine runs in a child process), or an
+    LLMEngine or a factory that builds one off the loop (it runs on a thread of this process)."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

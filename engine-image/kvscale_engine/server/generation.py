@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from kvscale_engine.engine.outputs import RequestOutput
 from kvscale_engine.server.admission_queue import Admitted
-from kvscale_engine.server.engine_thread import EngineThread, Item
+from kvscale_engine.server.engine_runner import EngineRunner, Item
 from kvscale_engine.server.metrics import EngineMetrics, FinishedRequest
 
 
@@ -34,7 +34,7 @@ class Track:
 class Generation:
     """The engine requests behind one HTTP request (n of them), read from one queue."""
 
-    engine_thread: EngineThread
+    runner: EngineRunner
     metrics: EngineMetrics
     release: Callable[[Admitted], None]
     admitted: Admitted
@@ -61,7 +61,7 @@ class Generation:
         now = time.monotonic()
         for request_id, track in self.tracks.items():
             if not track.finished:
-                self.engine_thread.abort(request_id)
+                self.runner.abort(request_id)
                 self._finished(track, "abort", track.generated, None, now)
         self.admitted.used_tokens = sum(
             self.num_prompt_tokens + t.generated for t in self.tracks.values()

@@ -17,24 +17,30 @@ import gc
 import logging
 import time
 from collections.abc import Callable
-from typing import Literal
+from typing import TYPE_CHECKING, Literal, TypeAlias
 
-from kvscale_engine.engine.llm_engine import LLMEngine
+from kvscale_engine.config import EngineConfig
 from kvscale_engine.engine.outputs import EngineStats
 from kvscale_engine.engine.tokenizer import Tokenizer
 from kvscale_engine.sampling_params import SamplingParams
 from kvscale_engine.server.admission_queue import AdmissionQueue, Admitted, KvPool, Refused
 from kvscale_engine.server.config import ServerConfig
-from kvscale_engine.server.engine_thread import EngineThread, Item
+from kvscale_engine.server.engine_process import EngineProcess
+from kvscale_engine.server.engine_runner import EngineRunner, Item
+from kvscale_engine.server.engine_thread import EngineThread
 from kvscale_engine.server.generation import Generation, Track
 from kvscale_engine.server.metrics import EngineMetrics, StatsSnapshot
 from kvscale_engine.server.protocol import new_id
+
+if TYPE_CHECKING:  # the server's process never imports torch: the engine runs in a child
+    from kvscale_engine.engine.llm_engine import LLMEngine
 
 log = logging.getLogger(__name__)
 
 
 Phase = Literal["loading", "ready", "failed"]
-EngineSource = LLMEngine | Callable[[], LLMEngine]
+# a config runs the engine in a child process; an engine (or a factory) runs it on a thread here
+EngineSource: TypeAlias = "EngineConfig | LLMEngine | Callable[[], LLMEngine]"
 
 
 def freeze_heap() -> None:
@@ -52,7 +58,7 @@ class ServerState:
         self.config = config
         self.metrics = metrics
         self.phase: Phase = "loading"
-        self._engine_thread: EngineThread | None = None
+        self._runner: EngineRunner | None = None
         self._queue: AdmissionQueue | None = None
         self._counting = False  # engine counters before and during warm-up are not exported
         self.block_size = 1
@@ -65,10 +71,8 @@ class ServerState:
     async def load(self, source: EngineSource) -> None:
         """Build (or adopt) the engine, size admission from its KV budget, warm up, go ready."""
         try:
-            engine = await asyncio.to_thread(source) if callable(source) else source
-            self._engine_thread = EngineThread(engine, self._on_stats)
-            self._engine_thread.start()
-            stats = await self._engine_thread.call(engine.stats)
+            self._runner = await self._start_runner(source)
+            stats = await self._runner.start()
             self.block_size, self.num_kv_blocks = stats.block_size, stats.num_total_blocks
             pool = KvPool(self.num_kv_blocks, self.block_size, self.config.max_num_seqs)
             self._queue = AdmissionQueue.for_server(self.config, pool, self.metrics)
@@ -78,7 +82,7 @@ class ServerState:
             if self.config.warmup:
                 await self._warm_up()
             self._counting = True
-            self._on_stats(await self._engine_thread.call(engine.stats))
+            self._on_stats(await self.runner.stats())
             freeze_heap()
         except Exception:
             log.exception("Engine failed to load")
@@ -89,9 +93,15 @@ class ServerState:
             self.metrics.set_ready(True)
             log.info("Engine became ready: %s", self.config.served_model_name)
 
+    async def _start_runner(self, source: EngineSource) -> EngineRunner:
+        if isinstance(source, EngineConfig):
+            return EngineProcess(source, self._on_stats)
+        engine = await asyncio.to_thread(source) if callable(source) else source
+        return EngineThread(engine, self._on_stats)
+
     async def close(self) -> None:
-        if self._engine_thread is not None:
-            await self._engine_thread.stop()
+        if self._runner is not None:
+            await self._runner.stop()
         gc.unfreeze()  # what load froze is the collector's again (a process may load another)
 
     def start_draining(self) -> None:
@@ -152,23 +162,20 @@ class ServerState:
 
     @property
     def healthy(self) -> bool:
-        return self.phase != "failed" and (
-            self._engine_thread is None or self._engine_thread.error is None
-        )
+        return self.phase != "failed" and (self._runner is None or self._runner.error is None)
 
     @property
     def active(self) -> int:
         return self._queue.active if self._queue is not None else 0
 
     @property
-    def engine_thread(self) -> EngineThread:
-        assert self._engine_thread is not None, "engine not loaded"
-        return self._engine_thread
+    def runner(self) -> EngineRunner:
+        assert self._runner is not None, "engine not loaded"
+        return self._runner
 
     @property
     def tokenizer(self) -> Tokenizer:
-        tokenizer: Tokenizer = self.engine_thread.engine.tokenizer
-        return tokenizer
+        return self.runner.tokenizer
 
     @property
     def queue(self) -> AdmissionQueue:
@@ -202,8 +209,8 @@ class ServerState:
         stream: asyncio.Queue[Item] = asyncio.Queue()
         release = self.queue.release
         try:
-            loop = self.engine_thread
-            gen = Generation(loop, self.metrics, release, admitted, len(prompt_token_ids), stream)
+            runner = self.runner
+            gen = Generation(runner, self.metrics, release, admitted, len(prompt_token_ids), stream)
         except BaseException:
             release(admitted)
             raise
@@ -213,7 +220,7 @@ class ServerState:
                 request_id = f"{base}-{index}"
                 gen.tracks[request_id] = Track(index)
                 cls = admitted.traffic_class
-                loop.add(
+                runner.add(
                     request_id,
                     prompt_token_ids,
                     p,
@@ -252,7 +259,7 @@ class ServerState:
         )
 
     def _cache_info(self, stats: EngineStats) -> dict[str, str]:
-        engine_cfg = self.engine_thread.engine.config
+        engine_cfg = self.runner.config
         return {
             "block_size": str(stats.block_size),
             "num_gpu_blocks": str(stats.num_total_blocks),
@@ -265,8 +272,7 @@ class ServerState:
 
     @property
     def vocab_size(self) -> int:
-        vocab: int = self.engine_thread.engine.model_config.vocab_size
-        return vocab
+        return self.runner.vocab_size
 
     def fits_kv_pool(self, num_tokens: int) -> bool:
         """Whether a request that grows to num_tokens could ever hold its KV blocks."""
@@ -278,7 +284,7 @@ class ServerState:
         It bypasses Generation so that it leaves no trace in the request metrics.
         """
         params = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
-        stream = self.engine_thread.add(new_id("warmup"), [1, 2, 3, 4], params, 0, time.monotonic())
+        stream = self.runner.add(new_id("warmup"), [1, 2, 3, 4], params, 0, time.monotonic())
         while True:
             item = await stream.get()
             if isinstance(item, BaseException):

@@ -17,3 +17,13 @@ def test_bookkeeping_modules_do_not_import_torch() -> None:
     code = f"import sys; {imports}; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_the_servers_process_does_not_import_torch() -> None:
+    """`kvscale-engine serve` runs the engine in a child process; the server's own process (HTTP,
+    tokenising, metrics) stays without torch: some 450 MiB less resident memory per replica."""
+    server = ["cli", "server.app", "server.state", "server.engine_process", "server.engine_thread"]
+    imports = "; ".join(f"import kvscale_engine.{m}" for m in server)
+    code = f"import sys; {imports}; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
