@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import multiprocessing
 import os
@@ -104,18 +105,22 @@ class EngineProcess(EngineRunner):
             raise
 
     async def stop(self) -> None:
-        """Ask the child to stop after its step in progress; kill it if it does not."""
+        """Ask the child to stop after its step in progress (kill it if it does not, or if it is
+        still loading: nothing to finish there), then close the pipes."""
         self._stopping = True
         if self._process.pid is None:
             return  # never started
-        if self._process.is_alive():
+        loaded = self._ready is not None and self._ready.done() and not self._ready.cancelled()
+        if self._process.is_alive() and loaded:
             self._unsent.put(("stop",))
             await asyncio.to_thread(self._process.join, STOP_TIMEOUT_S)
+            if self._process.is_alive():
+                log.warning("The engine process did not stop in %.0f s; killing it", STOP_TIMEOUT_S)
         if self._process.is_alive():
-            log.warning("The engine process did not stop in %.0f s; killing it", STOP_TIMEOUT_S)
             self._process.kill()
             await asyncio.to_thread(self._process.join)
         self._close(EngineFailed("the engine process stopped"))
+        self._reader.close()
 
     async def stats(self) -> EngineStats:
         if self.error is not None:
@@ -139,6 +144,8 @@ class EngineProcess(EngineRunner):
                 kind, payload = self._reader.recv()
                 self._handle(kind, payload)
         except (EOFError, OSError):
+            if not self._stopping:  # else stop() joins it
+                self._process.join(0.5)  # it closed its end: reaped at once, for its exit code
             code = self._process.exitcode
             why = "exited" if code is None else f"exited with code {code}"
             self._close(EngineFailed(f"the engine process {why}"))
@@ -204,11 +211,13 @@ class EngineProcess(EngineRunner):
 
     def _send_loop(self) -> None:
         # the sender thread: pickling and writing, which may block while the child steps
-        while (message := self._unsent.get()) is not None:
-            try:
+        try:
+            while (message := self._unsent.get()) is not None:
                 self._requests.send(message)
-            except OSError:
-                return  # the child is gone; the reader reports it
+        except OSError:
+            pass  # the child is gone; the reader reports it
+        finally:
+            self._requests.close()
 
 
 def _settle(future: asyncio.Future[Any], value: Any) -> None:
@@ -237,6 +246,10 @@ def serve_engine(
         from kvscale_engine.engine.llm_engine import LLMEngine
 
         engine = LLMEngine(config)
+        # torch and the model out of the collector's reach: a full collection then walks only
+        # what stepping allocated since (state.freeze_heap does the same in the server's process)
+        gc.collect()
+        gc.freeze()
         outbox.send(("ready", engine.stats()))
         _step_loop(engine, inbox, outbox, parent)
     except (BrokenPipeError, ConnectionResetError, EOFError):
