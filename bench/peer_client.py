@@ -14,6 +14,12 @@ request's (latency - TTFT) / (tokens - 1), token-weighted, i.e. the mean gap bet
 it is set beside our mean ITL (not the p50 of raw gaps); its throughput here is completed output
 tokens over the benchmark's duration, like ours. Both clients share the 2 CPUs with the server,
 so each client's own CPU time is recorded beside its numbers.
+
+A closed loop's TTFT depends on how the client paces its slots: requests sent together share one
+prefill step, which takes longer the more prompts it holds. So each client's requests are also
+grouped by how many were sent within 20 ms of each (`sent_together`), with the TTFT p50 of those
+sent with every other slot and of those sent with fewer: where the two clients pace alike, their
+TTFTs should agree; where they do not, these rows say whether the pacing explains the gap.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from __future__ import annotations
 import json
 import random
 import resource
+import statistics
 import subprocess
 import tempfile
 import time
@@ -44,6 +51,7 @@ QUICK: dict[str, Any] = {
     "prompt": 32, "output": 16,
 }  # fmt: skip
 AGREE = 0.10
+TOGETHER_S = 0.02  # requests sent this close together meet in one prefill step
 
 
 def run(quick: bool = False) -> dict[str, Any]:
@@ -90,8 +98,9 @@ def _compare(
         requests = [_request(i, p, rng) for i in range(count)]
         cpu = time.process_time()
         ours = _run_load(server, Load(f"closed_{n}", requests, n))
-        del ours["records"]
+        records = ours.pop("records")
         ours["client_cpu_s"] = round(time.process_time() - cpu, 2)
+        ours["pacing"] = pacing([(r.start_s, r.ttft_s or 0.0) for r in records], n)
         theirs = _guidellm(server.url, guidellm, model, n, count, p, tmp / f"gl-{n}.json")
         pairs = {k: (ours[k], theirs[k]) for k in ("output_tok_s", "ttft_p50_ms", "itl_mean_ms")}
         out[f"closed_{n}"] = {
@@ -131,6 +140,8 @@ def _guidellm(
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
     bench = json.loads(out.read_text())["benchmarks"][0]
+    timings = [r["info"]["timings"] for r in bench["requests"]["successful"]]
+    sent = [(t["request_start"], t["first_token_iteration"] - t["request_start"]) for t in timings]
     m = bench["metrics"]
     tokens = m["output_token_count"]["successful"]["total_sum"]
     return {
@@ -142,4 +153,24 @@ def _guidellm(
         "ttft_p99_ms": round(m["time_to_first_token_ms"]["successful"]["percentiles"]["p99"], 2),
         "itl_mean_ms": round(m["inter_token_latency_ms"]["successful"]["mean"], 2),
         "client_cpu_s": round(cpu, 2),  # its processes' CPU time, start-up included
+        "pacing": pacing(sent, n),
+    }
+
+
+def pacing(sent: list[tuple[float, float]], slots: int) -> dict[str, Any]:
+    """(start, TTFT) per request -> how many each was sent with (within TOGETHER_S, itself
+    counted), and the TTFT p50 of requests sent with every slot vs with fewer."""
+    starts = [start for start, _ in sent]
+    together = [sum(abs(other - start) <= TOGETHER_S for other in starts) for start in starts]
+    full = [ttft for (_, ttft), k in zip(sent, together, strict=True) if k >= slots]
+    fewer = [ttft for (_, ttft), k in zip(sent, together, strict=True) if k < slots]
+
+    def p50_ms(values: list[float]) -> float | None:
+        return round(statistics.median(values) * 1000, 2) if values else None
+
+    return {
+        "sent_together_p50": statistics.median(together),
+        "requests_sent_with_every_slot": len(full),
+        "ttft_p50_ms_sent_with_every_slot": p50_ms(full),
+        "ttft_p50_ms_sent_with_fewer": p50_ms(fewer),
     }

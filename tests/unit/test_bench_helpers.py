@@ -1,4 +1,5 @@
-"""bench.machine's process-tree figures count a child wherever in its parent it was started."""
+"""Bench helpers: process-tree figures count a child wherever in its parent it was started;
+peer_client groups requests by how they were paced."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import sys
 import threading
 
 from bench.machine import tree_cpu_seconds, tree_pids
+from bench.peer_client import pacing
 
 BURN = "import time, sys\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass\n" \
     "print('done', flush=True)\nsys.stdin.read()\n"  # fmt: skip
@@ -41,3 +43,15 @@ def test_a_child_started_from_a_thread_is_in_the_tree() -> None:
         child.wait()
         done.set()
         worker.join()
+
+
+def test_pacing_groups_requests_sent_together() -> None:
+    """peer_client's pacing rows: two requests sent within 20 ms share a slot-full prefill, a
+    third sent alone does not; their TTFT p50s are reported apart."""
+    sent = [(10.0, 0.4), (10.015, 0.41), (10.5, 0.1), (11.0, 0.12)]
+    rows = pacing(sent, slots=2)
+    assert rows["requests_sent_with_every_slot"] == 2
+    assert rows["ttft_p50_ms_sent_with_every_slot"] == 405.0
+    assert rows["ttft_p50_ms_sent_with_fewer"] == 110.0
+    assert rows["sent_together_p50"] == 1.5
+    assert pacing(sent[2:], slots=2)["ttft_p50_ms_sent_with_every_slot"] is None
