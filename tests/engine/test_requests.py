@@ -12,12 +12,11 @@ import torch
 from engine_helpers import GREEDY, random_prompts, run_to_completion
 
 from kvscale_engine.config import EngineConfig
-from kvscale_engine.engine.checkpoint import EOS, build_tokenizer
 from kvscale_engine.engine.detokenizer import Detokenizer
 from kvscale_engine.engine.device_memory import measure_peak
 from kvscale_engine.engine.llm_engine import LLMEngine, RequestError
 from kvscale_engine.engine.sequence import Sequence
-from kvscale_engine.engine.tokenizer import Tokenizer
+from kvscale_engine.engine.tokenizer import EOS, Tokenizer, build_tokenizer
 from kvscale_engine.llm import LLM
 from kvscale_engine.sampling_params import SamplingParams
 

@@ -13,25 +13,16 @@ from typing import Any
 
 import torch
 from safetensors.torch import save_file
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Tokenizer
 
+from kvscale_engine.engine.tokenizer import BOS, EOS, build_tokenizer
 from kvscale_engine.engine.weights import init_weights
 from kvscale_engine.model_config import NAMED_ARCHS, ModelConfig
 
-BOS, EOS = "<s>", "</s>"
-SPECIAL_TOKENS = [BOS, EOS, "<|system|>", "<|user|>", "<|assistant|>"]
 CHAT_TEMPLATE = (
     "{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}{{ eos_token }}\n"
     "{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
 )
-TRAINING_TEXT = """\
-Batching, caching and concurrency all spend one currency: KV-cache memory. The weights are a fixed
-floor, the cache grows per token per request, and headroom absorbs bursts. A paged cache hands out
-fixed-size blocks; a scheduler admits requests while blocks and the token budget last; a prefix
-cache lets requests that share a system prompt skip its prefill. The quick brown fox jumps over the
-lazy dog. Hello, world! How are you today? I am fine, thank you. What is the capital of France?
-Paris is the capital of France. Numbers: 0 1 2 3 4 5 6 7 8 9 10 100 1000. def main(): return 42
-"""
 ARCH_DEFAULTS = {"llama": {}, "mistral": {"sliding_window": 4096}, "qwen2": {}}
 # vLLM's CPU attention refuses the tests' head_dim 16; these sizes give head_dim 64 (the
 # checkpoint vLLM replicas serve on the local cluster, manifests/samples/vllm-cpu.yaml)
@@ -41,20 +32,6 @@ VLLM_CPU_SIZES = {
     "num_attention_heads": 2,
     "num_key_value_heads": 1,
 }
-
-
-def build_tokenizer(vocab_size: int = 512) -> Tokenizer:
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=SPECIAL_TOKENS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator([TRAINING_TEXT] * 4, trainer=trainer)
-    return tok
 
 
 def write_tiny_checkpoint(

@@ -10,10 +10,22 @@ from typing import Any
 import jinja2
 import jinja2.sandbox
 import tokenizers
+from tokenizers import decoders, models, pre_tokenizers, trainers
 
 from kvscale_engine.config import EngineConfig
 
 Message = Mapping[str, Any]
+# the built-in tokenizer of dummy models and of the tiny test checkpoints (checkpoint.py)
+BOS, EOS = "<s>", "</s>"
+SPECIAL_TOKENS = [BOS, EOS, "<|system|>", "<|user|>", "<|assistant|>"]
+TRAINING_TEXT = """\
+Batching, caching and concurrency all spend one currency: KV-cache memory. The weights are a fixed
+floor, the cache grows per token per request, and headroom absorbs bursts. A paged cache hands out
+fixed-size blocks; a scheduler admits requests while blocks and the token budget last; a prefix
+cache lets requests that share a system prompt skip its prefill. The quick brown fox jumps over the
+lazy dog. Hello, world! How are you today? I am fine, thank you. What is the capital of France?
+Paris is the capital of France. Numbers: 0 1 2 3 4 5 6 7 8 9 10 100 1000. def main(): return 42
+"""
 
 
 class Tokenizer:
@@ -71,10 +83,22 @@ def load_tokenizer(config: EngineConfig) -> Tokenizer:
     source = Path(config.model_source)
     if (source / "tokenizer.json").exists():
         return Tokenizer.from_dir(source)
-    from kvscale_engine.engine.checkpoint import EOS, build_tokenizer
-
     backend = build_tokenizer()
     return Tokenizer(backend, backend.token_to_id(EOS), None, {"eos_token": EOS})
+
+
+def build_tokenizer(vocab_size: int = 512) -> tokenizers.Tokenizer:
+    tok = tokenizers.Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator([TRAINING_TEXT] * 4, trainer=trainer)
+    return tok
 
 
 def _chat_template(path: Path, config: dict[str, Any]) -> str | None:
