@@ -11,6 +11,7 @@ and aborts to its engine, which applies them before its next step, and hands eac
 from __future__ import annotations
 
 import asyncio
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -62,7 +63,7 @@ def step_once(engine: LLMEngine, adds: list[Add], aborts: list[str]) -> StepResu
     return StepResult(outputs, failed, engine.stats(), engine.has_unfinished_requests())
 
 
-class EngineRunner:
+class EngineRunner(ABC):
     """The per-request queues, on the event loop; subclasses move requests to the engine."""
 
     config: EngineConfig
@@ -74,23 +75,25 @@ class EngineRunner:
         self._on_stats = on_stats
         self._streams: dict[str, asyncio.Queue[Item]] = {}
 
+    @abstractmethod
     async def start(self) -> EngineStats:
         """Start the engine; its first stats once it can take requests."""
-        raise NotImplementedError
 
+    @abstractmethod
     async def stop(self) -> None:
-        raise NotImplementedError
+        """Stop the engine once its step in progress ends."""
 
+    @abstractmethod
     async def stats(self) -> EngineStats:
         """The engine's stats now, between two steps."""
-        raise NotImplementedError
 
+    @abstractmethod
     def _submit(self, add: Add) -> None:
-        raise NotImplementedError
+        """Hand a request to the engine, for its next step."""
 
+    @abstractmethod
     def _cancel(self, request_id: str) -> None:
         """Abort a request the engine may already hold."""
-        raise NotImplementedError
 
     def add(
         self,
