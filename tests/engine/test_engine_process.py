@@ -34,8 +34,8 @@ SETTINGS: dict[str, Any] = {"max_model_len": 512, "num_kv_blocks": 64, "block_si
 PROMPTS = [[5, 6, 7], list(range(10, 40)), [3] * 17]
 
 
-def _config(model: Path | str) -> EngineConfig:
-    return EngineConfig(model=str(model), **SETTINGS)
+def _config(model: Path | str, **overrides: Any) -> EngineConfig:
+    return EngineConfig(model=str(model), **(SETTINGS | overrides))
 
 
 def _ignore(_: EngineStats) -> None:
@@ -65,23 +65,28 @@ def _final(outs: list[RequestOutput]) -> tuple[list[int], str, str | None]:
     return list(last.output_token_ids), last.text, last.finish_reason
 
 
-def test_outputs_match_the_engine_on_a_thread(llama_dir: Path) -> None:
-    """Deltas cross the pipe; the rebuilt outputs equal the in-process engine's, step by step."""
+@pytest.mark.parametrize("kv_blocks", [64, 6], ids=["roomy", "preempting"])
+def test_outputs_match_the_engine_on_a_thread(llama_dir: Path, kv_blocks: int) -> None:
+    """Deltas cross the pipe; the rebuilt outputs equal the in-process engine's, step by step,
+    also when requests are preempted and recomputed (6 blocks for the 9 the requests grow to)."""
 
     async def scenario() -> None:
-        thread = EngineThread(LLMEngine(_config(llama_dir)), _ignore)
+        thread = EngineThread(LLMEngine(_config(llama_dir, num_kv_blocks=kv_blocks)), _ignore)
         await thread.start()
         try:
             expected = await _generate(thread, 24)
+            thread_stats = await thread.stats()
         finally:
             await thread.stop()
-        child = EngineProcess(_config(llama_dir), _ignore)
+        child = EngineProcess(_config(llama_dir, num_kv_blocks=kv_blocks), _ignore)
         await child.start()
         try:
             got = await _generate(child, 24)
             stats = await child.stats()
         finally:
             await child.stop()
+        assert stats.num_preemptions == thread_stats.num_preemptions
+        assert (stats.num_preemptions > 0) == (kv_blocks == 6)
         assert [_final(o) for o in got] == [_final(o) for o in expected]
         for g, e in zip(got, expected, strict=True):
             assert [o.new_token_ids for o in g] == [o.new_token_ids for o in e]
