@@ -232,7 +232,15 @@ in flight, 1.41x at 8, **1.18x at 32**, **1.11x at 64**, 1.07x at 128; Poisson 1
 the same requests the engine's first token came sooner for 59%, 76% and 73% of them. At 1 row
 the kernel reads the weights about as fast as MKL did offline (3.6-3.9 vs 3.7-3.8 ms), so it does
 not explain the step from 1.24x at 1 in flight (the engine before it was not served beside it);
-where vLLM's ITL p99 is shorter: closed 64, 261.1 vs 273.8 ms.
+where vLLM's ITL p99 is shorter: closed 64, 261.1 vs 273.8 ms. The server's overhead was then
+13% (server_overhead 0.865): with the engine on a thread of the server's process, the next step
+waited 1.7 ms p50 for the GIL while the event loop streamed the step before. At 8c913c5 the
+engine runs in a child process of its own (`server/engine_process.py`, as vLLM's engine core),
+and the run met every target: 1.44x at 1 in flight, 1.23x at 8, **1.37x at 32**, **1.30x at
+64**, 1.31x at 128; Poisson 1.01x / 1.006x / 1.04x; shared prefix 1.34x, heavy tail 1.72x; ITL
+p50 at 0.5 req/s 6.86 vs 12.29 ms; TTFT p99 158.4 vs 180.6, 152.5 vs 159.6, 160.4 vs 226.2 ms.
+Where vLLM leads there: closed 8 TTFT p50 249.0 vs 124.4 ms (p99 929.4 vs 688.4, ITL p99 131.5
+vs 72.6 ms), closed 32 TTFT p99 4,066 vs 2,767 ms, shared prefix TTFT p99 900.8 vs 461.3 ms.
 
 `--quick` runs a few small loads on `llama-tiny` widened to head_dim 64 (vLLM's CPU attention
 needs it); its smoke test lives in the e2e tier (e2e/tests/test_bench_vllm.py), the
