@@ -20,6 +20,7 @@ import pytest
 from server_fixtures import BASE_ARGS, MODEL, live_server
 
 from kvscale_cluster.ports import free_port
+from kvscale_cluster.process import alive
 from kvscale_cluster.wait import wait_for
 from kvscale_engine.config import EngineConfig
 from kvscale_engine.engine.llm_engine import LLMEngine
@@ -60,6 +61,15 @@ async def _generate(runner: EngineRunner, max_tokens: int) -> list[list[RequestO
     return list(await asyncio.gather(*(read(s) for s in streams)))
 
 
+async def _served(runner: EngineRunner) -> tuple[list[list[RequestOutput]], EngineStats]:
+    """Start the runner, generate 24 tokens for every prompt, read its stats, stop it."""
+    await runner.start()
+    try:
+        return await _generate(runner, 24), await runner.stats()
+    finally:
+        await runner.stop()
+
+
 def _final(outs: list[RequestOutput]) -> tuple[list[int], str, str | None]:
     last = outs[-1]
     return list(last.output_token_ids), last.text, last.finish_reason
@@ -71,20 +81,9 @@ def test_outputs_match_the_engine_on_a_thread(llama_dir: Path, kv_blocks: int) -
     also when requests are preempted and recomputed (6 blocks for the 9 the requests grow to)."""
 
     async def scenario() -> None:
-        thread = EngineThread(LLMEngine(_config(llama_dir, num_kv_blocks=kv_blocks)), _ignore)
-        await thread.start()
-        try:
-            expected = await _generate(thread, 24)
-            thread_stats = await thread.stats()
-        finally:
-            await thread.stop()
-        child = EngineProcess(_config(llama_dir, num_kv_blocks=kv_blocks), _ignore)
-        await child.start()
-        try:
-            got = await _generate(child, 24)
-            stats = await child.stats()
-        finally:
-            await child.stop()
+        config = _config(llama_dir, num_kv_blocks=kv_blocks)
+        expected, thread_stats = await _served(EngineThread(LLMEngine(config), _ignore))
+        got, stats = await _served(EngineProcess(config, _ignore))
         assert stats.num_preemptions == thread_stats.num_preemptions
         assert (stats.num_preemptions > 0) == (kv_blocks == 6)
         assert [_final(o) for o in got] == [_final(o) for o in expected]
@@ -118,7 +117,7 @@ def test_an_abort_frees_the_blocks_and_a_refused_add_reports_why(llama_dir: Path
             assert child.error is None  # a refused request is not an engine failure
         finally:
             await child.stop()
-        assert child.pid is not None and not _alive(child.pid)
+        assert child.pid is not None and not alive(child.pid)
 
     asyncio.run(scenario())
 
@@ -145,20 +144,11 @@ def test_a_model_that_does_not_load_fails_start_and_leaves_no_child(
         child = EngineProcess(_config(broken), _ignore)
         with pytest.raises(EngineFailed):
             await child.start()
-        assert child.pid is not None and not _alive(child.pid)
+        assert child.pid is not None and not alive(child.pid)
         with pytest.raises(EngineFailed):
             await child.stats()
 
     asyncio.run(scenario())
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    with open(f"/proc/{pid}/stat") as stat:
-        return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def _children(pid: int) -> list[int]:
@@ -209,12 +199,12 @@ def test_the_engine_process_exits_with_its_server(llama_dir: Path, tmp_path: Pat
         engine = _engine_child(server.process.pid)
         server.process.kill()
         server.process.wait(timeout=30)
-        wait_for(lambda: not _alive(engine), 10, "the orphaned engine process to exit")
+        wait_for(lambda: not alive(engine), 10, "the orphaned engine process to exit")
     with live_server(llama_dir, tmp_path, "--shutdown-grace", "0") as server:
         engine = _engine_child(server.process.pid)
         server.sigterm()
         assert server.process.wait(timeout=60) in (0, -15), server.log()  # uvicorn re-raises it
-        assert not _alive(engine)
+        assert not alive(engine)
     assert "leaked" not in server.log() and "Traceback" not in server.log()
 
 
