@@ -201,7 +201,6 @@ def _run_kvscale(
         }  # fmt: skip
     warm = run_kvscale(engine, warmup)
     result["kvscale_warmup_s"] = round(warm.seconds, 2)
-    engine.scheduler.computed_tokens = 0  # count only the measured run's work
     run = run_kvscale(engine, requests)
     graphs = engine.model_runner.graphs is not None
     result["kvscale_continuous"] = {**run.summary(), "attention": backend, "cuda_graphs": graphs}
