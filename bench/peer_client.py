@@ -20,6 +20,11 @@ prefill step, which takes longer the more prompts it holds. So each client's req
 grouped by how many were sent within 20 ms of each (`sent_together`), with the TTFT p50 of those
 sent with every other slot and of those sent with fewer: where the two clients pace alike, their
 TTFTs should agree; where they do not, these rows say whether the pacing explains the gap.
+
+A third view settles whose clock is off: the server's own mean TTFT over each client's run (both
+servers export vllm:time_to_first_token_seconds; its sum over its count between a scrape before
+and one after). Where a client's mean TTFT is the server's for that run, the client measures what
+the server did, and a gap between the two clients is the load each applied, not how it timed it.
 """
 
 from __future__ import annotations
@@ -34,8 +39,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from bench.engine_vs_vllm import THREADS, Load, _run_load
 from bench.serving import EngineProcess, engine_process, vllm_process
+from kvscale.tools.promtext import Labels, parse_prometheus_text, total
 from kvscale.tools.workload import PlannedRequest
 from kvscale_cluster.images import vllm_python
 from kvscale_engine.engine.checkpoint import VLLM_CPU_SIZES, write_tiny_checkpoint
@@ -96,12 +104,16 @@ def _compare(
     for n in p["in_flight"]:
         count = n * int(p["requests_per_slot"])
         requests = [_request(i, p, rng) for i in range(count)]
-        cpu = time.process_time()
+        cpu, before = time.process_time(), _scrape(server.url)
         ours = _run_load(server, Load(f"closed_{n}", requests, n))
         records = ours.pop("records")
         ours["client_cpu_s"] = round(time.process_time() - cpu, 2)
         ours["pacing"] = pacing([(r.start_s, r.ttft_s or 0.0) for r in records], n)
+        ours["ttft_mean_ms"] = round(statistics.mean(r.ttft_s or 0.0 for r in records) * 1000, 2)
+        ours["server_ttft_mean_ms"] = server_ttft_mean_ms(before, _scrape(server.url))
+        before = _scrape(server.url)
         theirs = _guidellm(server.url, guidellm, model, n, count, p, tmp / f"gl-{n}.json")
+        theirs["server_ttft_mean_ms"] = server_ttft_mean_ms(before, _scrape(server.url))
         pairs = {k: (ours[k], theirs[k]) for k in ("output_tok_s", "ttft_p50_ms", "itl_mean_ms")}
         out[f"closed_{n}"] = {
             "kvscale_loadtest": ours,
@@ -151,10 +163,30 @@ def _guidellm(
         "output_tok_s": round(tokens / bench["duration"], 1),
         "ttft_p50_ms": round(m["time_to_first_token_ms"]["successful"]["median"], 2),
         "ttft_p99_ms": round(m["time_to_first_token_ms"]["successful"]["percentiles"]["p99"], 2),
+        "ttft_mean_ms": round(m["time_to_first_token_ms"]["successful"]["mean"], 2),
         "itl_mean_ms": round(m["inter_token_latency_ms"]["successful"]["mean"], 2),
         "client_cpu_s": round(cpu, 2),  # its processes' CPU time, start-up included
         "pacing": pacing(sent, n),
     }
+
+
+def _scrape(url: str) -> dict[str, dict[Labels, float]]:
+    return parse_prometheus_text(httpx.get(f"{url}/metrics", timeout=30).text)
+
+
+def server_ttft_mean_ms(
+    before: dict[str, dict[Labels, float]], after: dict[str, dict[Labels, float]]
+) -> float | None:
+    """The server's own mean TTFT over the requests between two scrapes (its
+    vllm:time_to_first_token_seconds histogram's sum and count); None when it has no such
+    histogram or served none."""
+    name = "vllm:time_to_first_token_seconds"
+    sums = [total(x, f"{name}_sum") for x in (before, after)]
+    counts = [total(x, f"{name}_count") for x in (before, after)]
+    if None in sums or None in counts:
+        return None
+    served = (counts[1] or 0) - (counts[0] or 0)
+    return round(((sums[1] or 0) - (sums[0] or 0)) / served * 1000, 2) if served else None
 
 
 def pacing(sent: list[tuple[float, float]], slots: int) -> dict[str, Any]:

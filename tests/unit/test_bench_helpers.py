@@ -1,6 +1,6 @@
 """Bench helpers: process-tree figures count a child wherever in its parent it was started;
-peer_client groups requests by how they were paced. `bench` runs from the source tree, so each
-check runs as `python -c` there, as `python -m bench` does."""
+peer_client groups requests by how they were paced and reads the server's mean TTFT. `bench`
+runs from the source tree, so each check runs as `python -c` there, as `python -m bench` does."""
 
 from __future__ import annotations
 
@@ -55,6 +55,23 @@ assert pacing(sent[2:], slots=2)["ttft_p50_ms_sent_with_every_slot"] is None
 print("ok")
 """
 
+SERVER_TTFT = """
+from bench.peer_client import server_ttft_mean_ms
+from kvscale.tools.promtext import parse_prometheus_text
+
+def scrape(total_s, count):
+    return parse_prometheus_text(
+        "# TYPE vllm:time_to_first_token_seconds histogram\\n"
+        f'vllm:time_to_first_token_seconds_bucket{{model_name="m",le="+Inf"}} {count}\\n'
+        f'vllm:time_to_first_token_seconds_count{{model_name="m"}} {count}\\n'
+        f'vllm:time_to_first_token_seconds_sum{{model_name="m"}} {total_s}\\n')
+
+assert server_ttft_mean_ms(scrape(1.5, 3), scrape(5.5, 8)) == 800.0
+assert server_ttft_mean_ms(scrape(1.5, 3), scrape(1.5, 3)) is None  # none served between
+assert server_ttft_mean_ms({}, scrape(1.5, 3)) is None  # no such histogram
+print("ok")
+"""
+
 
 def _run(code: str) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO / "e2e")}  # the harness, as bench finds it
@@ -75,3 +92,8 @@ def test_pacing_groups_requests_sent_together() -> None:
     """peer_client's pacing rows: two requests sent within 20 ms share a slot-full prefill, a
     third sent alone does not; their TTFT p50s are reported apart."""
     _run(PACING)
+
+
+def test_server_ttft_is_the_histograms_mean_between_scrapes() -> None:
+    """peer_client's server-side view: (sum after - sum before) / (count after - count before)."""
+    _run(SERVER_TTFT)
