@@ -242,6 +242,21 @@ p50 at 0.5 req/s 6.86 vs 12.29 ms; TTFT p99 158.4 vs 180.6, 152.5 vs 159.6, 160.
 Where vLLM leads there: closed 8 TTFT p50 249.0 vs 124.4 ms (p99 929.4 vs 688.4, ITL p99 131.5
 vs 72.6 ms), closed 32 TTFT p99 4,066 vs 2,767 ms, shared prefix TTFT p99 900.8 vs 461.3 ms.
 
+Then (2026-12-06), engine_throughput's workload (offline, up to 256 rows a step, one thread),
+where the engine makes 3.8x HF's static batches against that benchmark's 5x: torch.profiler put
+88% of the op time in oneDNN's GEMMs, running at about this core's fp32 peak (a 1,024-square
+GEMM: 171 GFLOP/s; the bench model's linears at 64-256 rows 155-173), argmax 2.5% (torch's is a
+scalar loop: 2.6 ms for 200 x 8,192 logits), SiLU and mul 4%. The workload needs 1,585 GFLOP of
+GEMMs (1,450 in the layers, 135 in the logits), 9.3 s at that peak, of a 13.0 s run, and HF's
+run took 49.9 s: 5x leaves 0.7 s for everything else, less than the decode attention alone
+(about 7% of a step). Two C ops measured and not taken: silu(gate) * up in one pass, and a vector
+argmax (0.3 ms): 1,118 vs 1,121 output tok/s against torch's, six alternating rounds on one
+engine with the prefix cache off. oneDNN's post-ops for SwiGLU (the gate's swish, the up
+projection's binary mul, two GEMMs instead of one) ran the MLP no faster once every batch shape
+was warm. A first A/B had shown the C ops 5% ahead: it reran the same prompts on one engine,
+whose prefix cache then served each prompt's first block (so engine_throughput now warms kvscale
+on other prompts and refuses a run that processed fewer positions than its workload).
+
 `--quick` runs a few small loads on `llama-tiny` widened to head_dim 64 (vLLM's CPU attention
 needs it); its smoke test lives in the e2e tier (e2e/tests/test_bench_vllm.py), the
 tier that has vLLM's venv (`make vllm`): the engine tier must not depend on it.

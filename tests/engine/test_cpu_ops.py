@@ -1,6 +1,5 @@
-"""The decoder's small ops in C (cpu_ops.c): RMSNorm, the rotary embedding, the KV cache write,
-SwiGLU and argmax, each against the torch code it stands in for, and the engine that installs them
-on the CPU."""
+"""The decoder's small ops in C (cpu_ops.c): RMSNorm, the rotary embedding and the KV cache write,
+each against the torch code it stands in for, and the engine that installs them on the CPU."""
 
 from __future__ import annotations
 
@@ -14,11 +13,7 @@ from kvscale_engine.engine.llm_engine import LLMEngine
 from kvscale_engine.layers import cpu_ops
 from kvscale_engine.layers.attention import PagedAttention
 from kvscale_engine.layers.rotary import RotaryEmbedding, rotate
-from kvscale_engine.layers.sampler import SampleRequest, sample
-from kvscale_engine.models.llama import MLP, Attention, RMSNorm
-from kvscale_engine.sampling_params import SamplingParams
-
-SPECIAL = (float("nan"), float("inf"), float("-inf"), 100.0, -100.0, 0.0, -0.0, 1e-40)
+from kvscale_engine.models.llama import Attention, RMSNorm
 
 
 @pytest.fixture(scope="module")
@@ -60,56 +55,6 @@ def test_rms_norm_matches_torchs_to_rounding(ops: cpu_ops.CpuOps, rows: int, hid
     want = norm(x)
     assert got.is_contiguous() and got.shape == want.shape
     torch.testing.assert_close(got, want, rtol=2e-6, atol=1e-6)  # only the sum's order differs
-
-
-@pytest.mark.parametrize("rows", [1, 5, 64, 257])
-@pytest.mark.parametrize("n", [1536, 100, 7])  # whole lanes, a ragged tail, under a lane
-def test_silu_mul_matches_torchs_to_rounding(ops: cpu_ops.CpuOps, rows: int, n: int) -> None:
-    """Each row's halves as gate and up, rows strided (the fused projection's output inside a
-    wider tensor); NaN, infinities, signed zeros, a subnormal and large values of either sign
-    included."""
-    g = torch.Generator().manual_seed(rows * n)
-    wide = torch.randn(rows, 2 * n + 5, generator=g) * 6
-    special = torch.tensor(SPECIAL)
-    wide[0, : min(n, len(SPECIAL))] = special[: min(n, len(SPECIAL))]  # as gate
-    wide[-1, n : n + min(n, len(SPECIAL))] = special[: min(n, len(SPECIAL))]  # as up
-    gate_up = wide[:, : 2 * n]
-    got = ops.silu_mul(gate_up)
-    gate, up = gate_up.chunk(2, dim=-1)
-    want = torch.nn.functional.silu(gate) * up
-    assert got.is_contiguous() and got.shape == (rows, n)
-    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-30, equal_nan=True)
-    assert torch.equal(got.isnan(), want.isnan()) and torch.equal(got.isinf(), want.isinf())
-
-
-@pytest.mark.parametrize("rows", [1, 7, 200])
-@pytest.mark.parametrize("n", [8192, 517, 5])
-def test_argmax_is_torchs(ops: cpu_ops.CpuOps, rows: int, n: int) -> None:
-    """Ties go to the first, a NaN counts as the largest, an all -inf row is 0, as torch's; rows
-    may be strided."""
-    g = torch.Generator().manual_seed(rows + n)
-    wide = torch.randn(rows, n + 3, generator=g)
-    x = wide[:, :n]
-    x[0, n // 2] = x[0, n - 1] = 50.0  # a tie: the first
-    if rows > 1:
-        x[1, n - 1] = float("nan")  # the NaN, wherever the maximum is
-        x[1, 0] = float("inf")
-    if rows > 2:
-        x[2] = float("-inf")
-    if rows > 3:
-        x[3, 1] = x[3, 3] = float("nan")  # the first NaN
-    if rows > 4:
-        x[4, -1] = x[4].max() + 1  # the maximum in a ragged tail
-    assert torch.equal(ops.argmax(x), x.argmax(dim=-1))
-
-
-def test_greedy_sampling_with_the_c_argmax_is_torchs(ops: cpu_ops.CpuOps) -> None:
-    """The sampler's argmax for greedy rows and for the noised probabilities of sampled ones."""
-    logits = torch.randn(6, 300, generator=torch.Generator().manual_seed(3))
-    params = [SamplingParams(temperature=0.0), SamplingParams(temperature=0.7, seed=5)] * 3
-    requests = [SampleRequest(p, 4) for p in params]
-    got = sample(logits, requests, torch.Generator().manual_seed(1), ops.argmax)
-    assert got == sample(logits, requests, torch.Generator().manual_seed(1))
 
 
 def test_kv_write_is_index_copy(ops: cpu_ops.CpuOps) -> None:
@@ -155,14 +100,6 @@ def test_bad_inputs_are_refused_not_read(ops: cpu_ops.CpuOps) -> None:
         ops.kv_write(k, k, cache, torch.zeros(8, 2, 16), torch.tensor([1, 2, 3]))
     with pytest.raises(ValueError, match="cos and sin of 2 x 64"):
         ops.rope_(torch.randn(2, 4, 64), cos, torch.ones(1, 1, 64))
-    with pytest.raises(ValueError, match=r"\[tokens, 2 \* n\]"):
-        ops.silu_mul(torch.randn(3, 7))
-    with pytest.raises(ValueError, match="fp32 CPU tensors"):
-        ops.silu_mul(torch.randn(3, 8, dtype=torch.float64))
-    with pytest.raises(ValueError, match="each row contiguous"):
-        ops.argmax(torch.randn(4, 6).t())
-    with pytest.raises(ValueError, match="n > 0"):
-        ops.argmax(torch.empty(3, 0))
 
 
 def test_the_engine_runs_them_on_the_cpu_and_matches_hf(
@@ -173,11 +110,9 @@ def test_the_engine_runs_them_on_the_cpu_and_matches_hf(
     modules = [
         m
         for m in engine.model_runner.model.modules()
-        if isinstance(m, (RMSNorm, Attention, PagedAttention, MLP))
+        if isinstance(m, (RMSNorm, Attention, PagedAttention))
     ]
-    assert any(isinstance(m, MLP) for m in modules)
     assert modules and all(isinstance(m.cpu_ops, cpu_ops.CpuOps) for m in modules)
-    assert engine.model_runner.argmax.__self__ is modules[0].cpu_ops  # type: ignore[attr-defined]
     finals = run_to_completion(engine, prompts)
     assert_matches_hf(hf_llama, prompts, finals, GREEDY.max_tokens)
 
@@ -187,9 +122,8 @@ def test_without_a_compiler_the_model_keeps_its_torch_ops(
 ) -> None:
     assert cpu_ops.load() is None
     engine = make_engine()
-    norms = [m for m in engine.model_runner.model.modules() if isinstance(m, (RMSNorm, MLP))]
+    norms = [m for m in engine.model_runner.model.modules() if isinstance(m, RMSNorm)]
     assert norms and all(m.cpu_ops is None for m in norms)
-    assert not hasattr(engine.model_runner.argmax, "__self__")  # torch's
     prompts = random_prompts(3, (1, 30), seed=7)
     assert_matches_hf(hf_llama, prompts, run_to_completion(engine, prompts), GREEDY.max_tokens)
 

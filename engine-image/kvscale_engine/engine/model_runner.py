@@ -7,7 +7,7 @@ replay a CUDA graph per batch-size bucket (`cuda_graphs.py`, `graph_runner.py`);
 steps run eager. On the CPU, fp32 decodes read K/V through the C kernel (`layers/cpu_decode.c`),
 the linears multiply by weights that oneDNN reordered once at load (`layers/packed_linear.py`),
 steps of 1-3 rows multiply by the weights as loaded (MKL is faster there), RMSNorm, the rotary
-embedding, the KV cache write, SwiGLU and argmax are one C call each (`layers/cpu_ops.c`),
+embedding and the KV cache write are one C call each (`layers/cpu_ops.c`),
 glibc's malloc keeps the freed activations for the next step and the KV cache asks for huge
 pages (`host_allocator.py`).
 """
@@ -36,7 +36,7 @@ from kvscale_engine.engine.scheduler import ScheduledBatch, ScheduledSeq
 from kvscale_engine.layers import cpu_gemm, cpu_ops
 from kvscale_engine.layers.attention import BlockMaskFn, DecodeFn, SeqSpan, build_metadata
 from kvscale_engine.layers.packed_linear import PackedLinear, can_pack, pack_linears
-from kvscale_engine.layers.sampler import Argmax, SampleRequest, sample, to_device
+from kvscale_engine.layers.sampler import SampleRequest, sample, to_device
 from kvscale_engine.model_config import ModelConfig
 from kvscale_engine.models.llama import KVCache
 
@@ -52,7 +52,6 @@ class ModelRunner:
         self.model_cfg = model_cfg
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
-        self.argmax: Argmax = functools.partial(torch.argmax, dim=-1)  # the sampler's
         if self.device.type == "cpu":  # activations live in host memory: keep freed buffers
             keep_freed_buffers()
         self.model = load_model(config, model_cfg, self.device, self.dtype)
@@ -65,11 +64,9 @@ class ModelRunner:
                 functools.partial(PackedLinear.fused, small_batch=small, gemm=gemm)
             )
             pack_linears(self.model, small, gemm)
-            # RMSNorm, rotary, the cache write, SwiGLU and argmax as one C call each
-            ops = cpu_ops.load()
+            ops = cpu_ops.load()  # RMSNorm, rotary and the cache write as one C call each
             if ops is not None:
                 self.model.use_cpu_ops(ops)
-                self.argmax = ops.argmax
         self.block_mask_fn: BlockMaskFn | None = None
         if _use_flex(config, self.device):
             self._install_flex()
@@ -115,7 +112,7 @@ class ModelRunner:
         tokens = dict(
             zip(
                 (id(items[n]) for n in sampling),
-                sample(logits, requests, self.generator, self.argmax),
+                sample(logits, requests, self.generator),
                 strict=True,
             )
         )

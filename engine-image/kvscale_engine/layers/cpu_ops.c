@@ -13,9 +13,6 @@
  */
 #include <math.h>
 #include <stdint.h>
-#ifdef __AVX512F__
-#include <immintrin.h>
-#endif
 
 #define LANES 16
 
@@ -75,89 +72,4 @@ int kvscale_kv_write(const float *restrict k, int64_t k_stride, const float *res
         for (int i = 0; i < width; i++) vd[i] = vs[i];
     }
     return 0;
-}
-
-#ifdef __AVX512F__
-/* e^x for 16 floats: x = n ln2 + r, e^r by Cephes' degree-7 polynomial, times 2^n by scalef
- * (which also takes overflow to inf and underflow to 0). Within 2 ulp of expf; NaN stays NaN. */
-static inline __m512 exp16(__m512 x) {
-    const __m512 hi = _mm512_set1_ps(88.7228391f), lo = _mm512_set1_ps(-103.972084f);
-    x = _mm512_max_ps(lo, _mm512_min_ps(hi, x)); /* NaN passes: min/max return their 2nd */
-    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-    return _mm512_scalef_ps(p, n);
-}
-#endif
-
-/* The MLP's SwiGLU on the fused gate/up projection: out[r][j] = silu(g) * u, where g and u are
- * row r's columns j and n + j of gu (rows at gu + r * stride), silu(g) = g / (1 + e^-g) as torch
- * computes it. One pass instead of torch's silu and mul (two passes and a temporary). */
-void kvscale_silu_mul(const float *restrict gu, int64_t stride, float *restrict out,
-                      int64_t rows, int n) {
-    for (int64_t r = 0; r < rows; r++) {
-        const float *g = gu + r * stride, *u = g + n;
-        float *o = out + r * n;
-        int j = 0;
-#ifdef __AVX512F__
-        const __m512 one = _mm512_set1_ps(1.0f);
-        for (; j < n; j += LANES) {
-            __mmask16 m = j + LANES <= n ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - j)) - 1);
-            __m512 gv = _mm512_maskz_loadu_ps(m, g + j), uv = _mm512_maskz_loadu_ps(m, u + j);
-            __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), gv));
-            __m512 s = _mm512_div_ps(gv, _mm512_add_ps(one, e));
-            _mm512_mask_storeu_ps(o + j, m, _mm512_mul_ps(s, uv));
-        }
-#endif
-        for (; j < n; j++) o[j] = (g[j] / (1.0f + expf(-g[j]))) * u[j];
-    }
-}
-
-/* The index of each row's largest value, the first where several tie, a NaN counting as the
- * largest (torch.argmax's rules): a vector pass for the maximum, then one for where it is. */
-void kvscale_argmax(const float *restrict x, int64_t stride, int64_t rows, int n,
-                    int64_t *restrict out) {
-    for (int64_t r = 0; r < rows; r++) {
-        const float *xr = x + r * stride;
-        float best = -INFINITY;
-        int nan = 0, j = 0;
-#ifdef __AVX512F__
-        __m512 mv = _mm512_set1_ps(-INFINITY);
-        __mmask16 nans = 0;
-        for (; j + LANES <= n; j += LANES) {
-            __m512 v = _mm512_loadu_ps(xr + j);
-            nans |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-            mv = _mm512_max_ps(mv, v);
-        }
-        nan = nans != 0;
-        best = _mm512_reduce_max_ps(mv);
-#endif
-        for (; j < n; j++) {
-            if (xr[j] != xr[j]) nan = 1;
-            else if (xr[j] > best) best = xr[j];
-        }
-        int k = 0;
-#ifdef __AVX512F__
-        const __m512 bv = _mm512_set1_ps(best);
-        for (; k + LANES <= n; k += LANES) {
-            __m512 v = _mm512_loadu_ps(xr + k);
-            __mmask16 hit = nan ? _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q)
-                                : _mm512_cmp_ps_mask(v, bv, _CMP_EQ_OQ);
-            if (hit) {
-                k += __builtin_ctz(hit);
-                break;
-            }
-        }
-#endif
-        while (k < n && !(nan ? xr[k] != xr[k] : xr[k] == best)) k++;
-        out[r] = k < n ? k : 0; /* n == 0 never reaches here: the wrapper refuses it */
-    }
 }

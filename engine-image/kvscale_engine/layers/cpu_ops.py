@@ -1,5 +1,4 @@
-"""RMSNorm, the rotary embedding, the KV cache write, SwiGLU and greedy sampling's argmax on the
-CPU as one C call each (`cpu_ops.c`).
+"""RMSNorm, the rotary embedding and the KV cache write on the CPU as one C call each (`cpu_ops.c`).
 
 At one sequence in flight a decode step is mostly the GEMMs reading the weights, but the torch
 ops around them were many and small: RMSNorm eight of them, the rotary embedding of q and k
@@ -7,14 +6,6 @@ fourteen a layer, the cache write two, each some microseconds of dispatch (1,112
 the benchmark's model at 1 in flight; 492 with these). The model runner installs them for fp32
 on the CPU (`LlamaForCausalLM.use_cpu_ops`); elsewhere, or without a C compiler, the model keeps
 its torch code.
-
-At large batches two more pay, measured on the engine_throughput workload (up to 256 rows a step,
-one thread, four alternating rounds in one process): the MLP's silu(gate) * up in one pass over
-the fused gate/up output instead of torch's silu, then mul (two passes and a temporary), and
-argmax over the logits, which torch runs as a scalar loop (2.6 ms for 200 rows of an 8,192-token
-vocabulary, 0.3 ms here); together 1,598 vs 1,519 output tok/s. Doing silu and the product in
-oneDNN's epilogues instead (the gate's swish post-op, the up projection's binary mul, two GEMMs)
-gained less: 1,555.
 """
 
 from __future__ import annotations
@@ -44,12 +35,6 @@ class CpuOps:
         self._kv_write = lib.kvscale_kv_write
         self._kv_write.argtypes = [_ptr, _i64, _ptr, _i64, _ptr, _ptr, _ptr, _i64, _int, _i64]
         self._kv_write.restype = ctypes.c_int
-        self._silu_mul = lib.kvscale_silu_mul
-        self._silu_mul.argtypes = [_ptr, _i64, _ptr, _i64, _int]
-        self._silu_mul.restype = None
-        self._argmax = lib.kvscale_argmax
-        self._argmax.argtypes = [_ptr, _i64, _i64, _int, _ptr]
-        self._argmax.restype = None
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         """Hugging Face's RMSNorm of each row of x ([tokens, hidden]; rows may be strided)."""
@@ -104,27 +89,6 @@ class CpuOps:
             raise ValueError(
                 f"kv_write: a slot outside the cache's {k_cache.shape[0]}, nothing written"
             )
-
-    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
-        """silu(gate) * up, where gate and up are the two halves of each row of gate_up
-        ([tokens, 2 * n], rows may be strided): torch's silu and mul to rounding."""
-        native.require_fp32_cpu("cpu_ops", gate_up)
-        if gate_up.dim() != 2 or gate_up.stride(1) != 1 or gate_up.shape[1] % 2:
-            raise ValueError("silu_mul needs gate_up as [tokens, 2 * n], each row contiguous")
-        rows, n = gate_up.shape[0], gate_up.shape[1] // 2
-        out = torch.empty(rows, n)
-        self._silu_mul(gate_up.data_ptr(), gate_up.stride(0), out.data_ptr(), rows, n)
-        return out
-
-    def argmax(self, x: torch.Tensor) -> torch.Tensor:
-        """`x.argmax(dim=-1)` of [rows, n] (rows may be strided): the first of tied maxima, a
-        NaN counting as the largest, as torch's."""
-        native.require_fp32_cpu("cpu_ops", x)
-        if x.dim() != 2 or x.stride(1) != 1 or x.shape[1] == 0:
-            raise ValueError("argmax needs x as [rows, n > 0], each row contiguous")
-        out = torch.empty(x.shape[0], dtype=torch.int64)
-        self._argmax(x.data_ptr(), x.stride(0), x.shape[0], x.shape[1], out.data_ptr())
-        return out
 
 
 def load() -> CpuOps | None:

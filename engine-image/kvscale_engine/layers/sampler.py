@@ -11,15 +11,11 @@ indexing (which would read a count back), so the host queues the whole step with
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from kvscale_engine.sampling_params import SamplingParams
-
-Argmax = Callable[[torch.Tensor], torch.Tensor]  # [rows, n] -> each row's argmax, [rows]
 
 
 @dataclass(frozen=True)
@@ -29,22 +25,17 @@ class SampleRequest:
 
 
 def sample(
-    logits: torch.Tensor,
-    requests: list[SampleRequest],
-    generator: torch.Generator,
-    argmax: Argmax | None = None,
+    logits: torch.Tensor, requests: list[SampleRequest], generator: torch.Generator
 ) -> list[int]:
-    """logits: [rows, vocab] float32, one row per request; `argmax` is torch's unless given (the
-    same function, faster: the CPU's C one)."""
-    argmax = argmax or functools.partial(torch.argmax, dim=-1)
-    tokens = argmax(logits)
+    """logits: [rows, vocab] float32, one row per request."""
+    tokens = logits.argmax(dim=-1)
     rows = [i for i, r in enumerate(requests) if not r.params.greedy]
     if rows:
         chosen = [requests[i] for i in rows]
         index = to_device(rows, torch.long, logits.device)
         probs = _filtered_probs(logits.index_select(0, index), chosen)
         noise = _exponential_noise(probs, chosen, generator)
-        tokens = tokens.index_copy(0, index, argmax(probs / noise))
+        tokens = tokens.index_copy(0, index, (probs / noise).argmax(dim=-1))
     return [int(t) for t in tokens.tolist()]  # the step's one read-back
 
 

@@ -97,7 +97,6 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(hidden, intermediate, bias=False)
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
         self.gate_up_proj: nn.Module | None = None  # set by fuse()
-        self.cpu_ops: CpuOps | None = None  # set by use_cpu_ops(), for the fused gate/up
 
     def fuse(self, make: Fuse) -> None:
         """gate and up as one projection over their concatenated weights (made by `make`)."""
@@ -105,9 +104,6 @@ class MLP(nn.Module):
         del self.gate_proj, self.up_proj
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.gate_up_proj is not None and self.cpu_ops is not None:
-            fused: torch.Tensor = self.down_proj(self.cpu_ops.silu_mul(self.gate_up_proj(x)))
-            return fused
         if self.gate_up_proj is not None:
             gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
         else:
@@ -190,10 +186,10 @@ class LlamaForCausalLM(nn.Module):
                 module.fuse(make)
 
     def use_cpu_ops(self, ops: CpuOps) -> None:
-        """RMSNorm, the rotary embedding, the KV cache write and (with gate and up fused) SwiGLU
-        as one C call each (fp32 on the CPU)."""
+        """RMSNorm, the rotary embedding and the KV cache write as one C call each (fp32 on the
+        CPU)."""
         for module in self.modules():
-            if isinstance(module, (RMSNorm, Attention, PagedAttention, MLP)):
+            if isinstance(module, (RMSNorm, Attention, PagedAttention)):
                 module.cpu_ops = ops
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
