@@ -84,9 +84,18 @@ def run(quick: bool = False) -> dict[str, Any]:
         for load, rows in loads.items()
         for metric, row in rows["agreement"].items()
     }
+    clocks = {
+        f"{server}/{load}/{client}": rows[client]["clock_vs_server"]["within_10pct"]
+        for server, loads in results.items()
+        for load, rows in loads.items()
+        for client in ("kvscale_loadtest", "guidellm")
+    }
     return {
         "agree": all(checks.values()),
         "checks": checks,
+        # each client's mean TTFT within 10% of the server's own for its run: the clock is right
+        "clocks_agree_with_server": all(clocks.values()),
+        "clock_checks": clocks,
         "runs": results,
         "guidellm": (guidellm / ".installed-stamp").read_text().strip(),
         "workload": {k: v for k, v in p.items() if k not in ("arch", "sizes")},
@@ -114,6 +123,8 @@ def _compare(
         before = _scrape(server.url)
         theirs = _guidellm(server.url, guidellm, model, n, count, p, tmp / f"gl-{n}.json")
         theirs["server_ttft_mean_ms"] = server_ttft_mean_ms(before, _scrape(server.url))
+        for client in (ours, theirs):
+            client["clock_vs_server"] = _clock_vs_server(client)
         pairs = {k: (ours[k], theirs[k]) for k in ("output_tok_s", "ttft_p50_ms", "itl_mean_ms")}
         out[f"closed_{n}"] = {
             "kvscale_loadtest": ours,
@@ -124,6 +135,15 @@ def _compare(
             },
         }
     return out
+
+
+def _clock_vs_server(client: dict[str, Any]) -> dict[str, Any]:
+    """The client's mean TTFT over the server's own for the same run."""
+    server = client["server_ttft_mean_ms"]
+    if server is None:
+        return {"ratio": None, "within_10pct": False}
+    ratio = client["ttft_mean_ms"] / server
+    return {"ratio": round(ratio, 3), "within_10pct": abs(ratio - 1) <= AGREE}
 
 
 def _request(index: int, p: dict[str, Any], rng: random.Random) -> PlannedRequest:
