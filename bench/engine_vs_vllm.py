@@ -247,9 +247,11 @@ where the engine makes 3.8x HF's static batches against that benchmark's 5x: tor
 88% of the op time in oneDNN's GEMMs, running at about this core's fp32 peak (a 1,024-square
 GEMM: 171 GFLOP/s; the bench model's linears at 64-256 rows 155-173), argmax 2.5% (torch's is a
 scalar loop: 2.6 ms for 200 x 8,192 logits), SiLU and mul 4%. The workload needs 1,585 GFLOP of
-GEMMs (1,450 in the layers, 135 in the logits), 9.3 s at that peak, of a 13.0 s run, and HF's
-run took 49.9 s: 5x leaves 0.7 s for everything else, less than the decode attention alone
-(about 7% of a step). Two C ops measured and not taken: silu(gate) * up in one pass, and a vector
+GEMMs (1,450 in the layers, 135 in the logits); in the engine, warm, oneDNN's took 9.84 s of a
+13.8 s run (with the profiler's shapes: about 156 GFLOP/s, 91% of that peak; the rest ran in the
+small-row kernel), and HF's runs took 49.9-53.2 s: 5x allows 10.0-10.6 s for the whole run, so
+the GEMMs alone leave 0.2-0.8 s for the decode attention (about 7% of a step), the norms, the
+sampling and the scheduler. Two C ops measured and not taken: silu(gate) * up in one pass, and a vector
 argmax (0.3 ms): 1,118 vs 1,121 output tok/s against torch's, six alternating rounds on one
 engine with the prefix cache off. oneDNN's post-ops for SwiGLU (the gate's swish, the up
 projection's binary mul, two GEMMs instead of one) ran the MLP no faster once every batch shape
