@@ -251,9 +251,9 @@ GEMMs (1,450 in the layers, 135 in the logits); in the engine, warm, oneDNN's to
 13.8 s run (with the profiler's shapes: about 156 GFLOP/s, 91% of that peak; the rest ran in the
 small-row kernel), and HF's runs took 49.9-53.2 s: 5x allows 10.0-10.6 s for the whole run, so
 the GEMMs alone leave 0.2-0.8 s for the decode attention (about 7% of a step), the norms, the
-sampling and the scheduler. Two C ops measured and not taken: silu(gate) * up in one pass, and a vector
-argmax (0.3 ms): 1,118 vs 1,121 output tok/s against torch's, six alternating rounds on one
-engine with the prefix cache off. oneDNN's post-ops for SwiGLU (the gate's swish, the up
+sampling and the scheduler. Two C ops measured and not taken: silu(gate) * up in one pass, and
+a vector argmax (0.3 ms): 1,118 vs 1,121 output tok/s against torch's, six alternating rounds on
+one engine with the prefix cache off. oneDNN's post-ops for SwiGLU (the gate's swish, the up
 projection's binary mul, two GEMMs instead of one) ran the MLP no faster once every batch shape
 was warm. A first A/B had shown the C ops 5% ahead: it reran the same prompts on one engine,
 whose prefix cache then served each prompt's first block (so engine_throughput now warms kvscale
