@@ -259,6 +259,16 @@ was warm. A first A/B had shown the C ops 5% ahead: it reran the same prompts on
 whose prefix cache then served each prompt's first block (so engine_throughput now warms kvscale
 on other prompts and refuses a run that processed fewer positions than its workload).
 
+The closed loops then ran 3 requests a slot instead of 2: with 2, each run's first wave, sent at
+once into one prefill, was half the sample, and the TTFT p50 fell between its TTFTs and the
+rest's (closed 8: 249 ms at 8c913c5, 89 ms in the run before). Their TTFT is also reported over
+the requests after the first wave. The run at 700ebba met every target: 1.47x at 1 in flight,
+1.57x at 8, **1.41x at 32**, **1.41x at 64**, 1.26x at 128; Poisson 1.004x / 1.013x / 1.027x;
+shared prefix 1.41x, heavy tail 1.47x; ITL p50 at 0.5 req/s 8.70 vs 13.89 ms; TTFT p99 146.3 vs
+194.8, 182.0 vs 206.4, 156.5 vs 175.3 ms. Closed loops' TTFT p50 and p99 were shorter than
+vLLM's from 8 in flight (8: 77.5 / 498.9 vs 99.4 / 580.7 ms). Where vLLM leads there: shared
+prefix TTFT p99 992.6 vs 705.0 ms, and closed 1 TTFT p50 68.4 vs 67.3 ms.
+
 `--quick` runs a few small loads on `llama-tiny` widened to head_dim 64 (vLLM's CPU attention
 needs it); its smoke test lives in the e2e tier (e2e/tests/test_bench_vllm.py), the
 tier that has vLLM's venv (`make vllm`): the engine tier must not depend on it.
