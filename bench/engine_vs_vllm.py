@@ -521,11 +521,10 @@ def _combined(runs: list[dict[str, Any]]) -> dict[str, Any]:
         each = [r[name] for r in runs]
         merged = {k: v for k, v in each[0].items() if k != "records"}
         merged["output_tok_s"] = round(float(np.mean([e["output_tok_s"] for e in each])), 2)
-        merged |= _latencies([record for e in each for record in e["records"]])
+        pooled = [record for e in each for record in e["records"]]
+        merged |= _latencies(pooled)
         if name.startswith("closed_"):
-            merged |= _after_first_wave(
-                [record for e in each for record in e["records"]], int(each[0]["in_flight"])
-            )
+            merged |= _after_first_wave(pooled, int(each[0]["in_flight"]))
         merged["runs_ttft_p99_ms"] = [e["ttft_p99_ms"] for e in each]
         merged["requests"] = sum(e["requests"] for e in each)
         merged["completed"] = sum(e["completed"] for e in each)
@@ -604,13 +603,19 @@ def _run_load(server: EngineProcess, load: Load) -> dict[str, Any]:
 def _latencies(records: list[RequestRecord]) -> dict[str, float | None]:
     ttft = [r.ttft_s for r in records if r.ttft_s is not None]
     itl = [gap for r in records for gap in r.itls_s]
-    out: dict[str, float | None] = {}
-    for name, values in (("ttft", ttft), ("itl", itl)):
-        for q in (50, 99):
-            ms = float(np.percentile(values, q)) * 1000 if values else None
-            out[f"{name}_p{q}_ms"] = None if ms is None else round(ms, 2)
+    out = _percentiles_ms("ttft", ttft) | _percentiles_ms("itl", itl)
     out["itl_mean_ms"] = round(float(np.mean(itl)) * 1000, 2) if itl else None
     return out
+
+
+def _percentiles_ms(name: str, seconds: list[float], suffix: str = "") -> dict[str, float | None]:
+    """{name_p50_ms<suffix>, name_p99_ms<suffix>}: None for no values."""
+    return {
+        f"{name}_p{q}_ms{suffix}": (
+            round(float(np.percentile(seconds, q)) * 1000, 2) if seconds else None
+        )
+        for q in (50, 99)
+    }
 
 
 def _after_first_wave(records: list[RequestRecord], in_flight: int) -> dict[str, float | None]:
@@ -618,12 +623,7 @@ def _after_first_wave(records: list[RequestRecord], in_flight: int) -> dict[str,
     prefill; the TTFT of the requests sent after them, each as a slot frees, is the loop's
     steady state."""
     ttft = [r.ttft_s for r in records if r.index >= in_flight and r.ttft_s is not None]
-    return {
-        f"ttft_p{q}_ms_after_first_wave": (
-            round(float(np.percentile(ttft, q)) * 1000, 2) if ttft else None
-        )
-        for q in (50, 99)
-    }
+    return _percentiles_ms("ttft", ttft, "_after_first_wave")
 
 
 @contextmanager

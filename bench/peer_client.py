@@ -119,10 +119,10 @@ def _compare(
         ours["client_cpu_s"] = round(time.process_time() - cpu, 2)
         ours["pacing"] = pacing([(r.start_s, r.ttft_s or 0.0) for r in records], n)
         ours["ttft_mean_ms"] = round(statistics.mean(r.ttft_s or 0.0 for r in records) * 1000, 2)
-        ours["server_ttft_mean_ms"] = server_ttft_mean_ms(before, _scrape(server.url))
-        before = _scrape(server.url)
+        between = _scrape(server.url)  # after ours, before theirs: nothing runs in between
+        ours["server_ttft_mean_ms"] = server_ttft_mean_ms(before, between)
         theirs = _guidellm(server.url, guidellm, model, n, count, p, tmp / f"gl-{n}.json")
-        theirs["server_ttft_mean_ms"] = server_ttft_mean_ms(before, _scrape(server.url))
+        theirs["server_ttft_mean_ms"] = server_ttft_mean_ms(between, _scrape(server.url))
         for client in (ours, theirs):
             client["clock_vs_server"] = _clock_vs_server(client)
         pairs = {k: (ours[k], theirs[k]) for k in ("output_tok_s", "ttft_p50_ms", "itl_mean_ms")}
