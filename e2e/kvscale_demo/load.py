@@ -32,6 +32,7 @@ class Load:
         self.model = model
         self.max_tokens = max_tokens
         self.results: list[Result] = []
+        self._sent: list[float] = []  # when each request started, answered or not yet
         self._rate = 0.0
         self._stop = threading.Event()
         self._lock = threading.Lock()
@@ -51,6 +52,14 @@ class Load:
     def since(self, start: float) -> list[Result]:
         with self._lock:
             return [r for r in self.results if r.started >= start]
+
+    def between(self, start: float, end: float) -> list[Result] | None:
+        """The requests started in [start, end), once every one of them has ended (None before):
+        a window fixed by when requests were sent, so slow answers are not left out of it."""
+        with self._lock:
+            sent = sum(1 for t in self._sent if start <= t < end)
+            done = [r for r in self.results if start <= r.started < end]
+        return done if len(done) == sent and time.monotonic() >= end else None
 
     def failures(self) -> list[Result]:
         with self._lock:
@@ -79,6 +88,8 @@ class Load:
     async def _one(self, client: openai.AsyncOpenAI, n: int) -> None:
         prompt = f"Request {n}: tell me about autoscaling on Kubernetes, please."
         started = time.monotonic()
+        with self._lock:
+            self._sent.append(started)
         ttft, error = None, None
         try:
             stream = await client.completions.create(
