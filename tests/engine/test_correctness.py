@@ -75,6 +75,29 @@ def test_prefix_caching_on_matches_off(make_engine: MakeEngine, hf_llama: HFRefe
     assert_matches_hf(hf_llama, prompts, with_cache, GREEDY.max_tokens)
 
 
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+@pytest.mark.parametrize("backend", ["auto", "flex"])
+def test_a_wave_shares_a_new_prefix_within_its_first_step(
+    make_engine: MakeEngine, hf_llama: HFReference, backend: str
+) -> None:
+    """Six prompts behind one uncached 64-token prefix, admitted in one step: the first computes
+    the prefix and the other five attend over it in that same step (each layer writes every row's
+    K/V before any row attends)."""
+    shared = random_prompts(1, (64, 64), seed=21)[0]
+    prompts = [shared + tail for tail in random_prompts(6, (3, 20), seed=22)]
+    engine = make_engine(attention_backend=backend, block_size=16)
+    for index, prompt in enumerate(prompts):
+        engine.add_request(str(index), prompt, GREEDY)
+    finals = {o.request_id: o for o in engine.step() if o.finished}
+    stats = engine.stats()
+    assert stats.prefix_cache_hits == 5 * 64
+    assert stats.computed_tokens == 64 + sum(len(p) - 64 for p in prompts)
+    while engine.has_unfinished_requests():
+        finals |= {o.request_id: o for o in engine.step() if o.finished}
+    assert [finals[str(i)].num_cached_tokens for i in range(6)] == [0] + [64] * 5
+    assert_matches_hf(hf_llama, prompts, finals, GREEDY.max_tokens)
+
+
 def test_static_scheduling_matches(make_engine: MakeEngine, hf_llama: HFReference) -> None:
     prompts = random_prompts(10, (5, 60), seed=6)
     finals = run_to_completion(make_engine(scheduling="static", max_num_seqs=4), prompts)

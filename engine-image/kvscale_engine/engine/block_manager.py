@@ -1,7 +1,11 @@
 """Paged KV-cache bookkeeping: fixed-size blocks, ref counts and the automatic prefix cache.
 
-A block is named by the chained hash of its tokens once its KV has been computed (never before,
-so a preempted or chunked prefill cannot publish a half-written block). Freed hashed blocks stay
+A block is named by the chained hash of its tokens once the step that computes its KV is scheduled
+(`publish`): every layer writes the whole step's K/V before any row attends, so a request admitted
+later in the same step attends over a prefix an earlier one computes there, and a wave of requests
+with one new system prompt computes it once, not once each. Only blocks the step fills completely
+are named, so a chunked prefill never publishes a half-written block, and preemption happens
+between steps, after the blocks were written. Freed hashed blocks stay
 in an LRU pool and are revived by a later hit; allocation takes never-hashed free blocks first and
 only then evicts the least recently freed cached block. No torch here.
 """
@@ -85,11 +89,11 @@ class BlockManager:
                     self.free_cached[block_id] = None
         seq.block_table = []
 
-    def commit(self, seq: Sequence) -> None:
-        """Publish hashes of blocks whose KV is now fully computed."""
+    def publish(self, seq: Sequence, num_tokens: int) -> None:
+        """Name the blocks whose KV is computed once this step has run `seq` up to `num_tokens`."""
         if not self.enable_prefix_caching:
             return
-        while seq.num_hashed_blocks < seq.num_computed_tokens // self.block_size:
+        while seq.num_hashed_blocks < num_tokens // self.block_size:
             index = seq.num_hashed_blocks
             parent = NO_PARENT if seq.last_block_hash is None else seq.last_block_hash
             h = block_hash(parent, seq.block_tokens(index, self.block_size), self.salt)

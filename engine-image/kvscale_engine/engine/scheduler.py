@@ -94,7 +94,6 @@ class Scheduler:
         for item in batch.seqs:
             seq = item.seq
             seq.num_computed_tokens = item.end
-            self.block_manager.commit(seq)
             if not item.samples:
                 continue
             seq.append_token(next(sampled))
@@ -136,6 +135,7 @@ class Scheduler:
             if victim is seq:
                 return False
         bm.allocate(seq, seq.num_computed_tokens + num_new, [])
+        bm.publish(seq, seq.num_computed_tokens + num_new)
         return True
 
     def _admit_waiting(self, batch: ScheduledBatch, budget: int) -> None:
@@ -149,6 +149,7 @@ class Scheduler:
             if not bm.can_allocate(seq, computed + num_new, prefix):
                 return  # head-of-line waits for blocks; smaller requests do not overtake it
             bm.allocate(seq, computed + num_new, prefix)
+            bm.publish(seq, computed + num_new)  # a later admission may share them this step
             self.waiting.remove(seq)
             self.running.append(seq)
             seq.status = SequenceStatus.RUNNING

@@ -45,16 +45,24 @@ class FakeRunner:
         return seq.block_table[pos // self.block_size] * self.block_size + pos % self.block_size
 
     def run(self, batch: ScheduledBatch) -> list[int]:
-        tokens = []
+        """As a layer runs a step: every row's K/V written first, then each row attends over its
+        sequence's context (so a prefix another row of the step computes counts as there)."""
+        written: set[int] = set()
         for item in batch.seqs:
             seq = item.seq
             assert len(seq.block_table) * self.block_size >= item.end, "no slot for a new token"
-            for pos in range(item.start):
+            for pos in range(item.start, item.end):
+                slot = self.slot(seq, pos)
+                assert slot not in written, f"two rows of one step write slot {slot}"
+                written.add(slot)
+                self.kv[slot] = (seq.token_ids[pos], pos)
+        tokens = []
+        for item in batch.seqs:
+            seq = item.seq
+            for pos in range(item.end):
                 assert self.kv.get(self.slot(seq, pos)) == (seq.token_ids[pos], pos), (
                     f"stale KV at position {pos} of {seq.request_id}"
                 )
-            for pos in range(item.start, item.end):
-                self.kv[self.slot(seq, pos)] = (seq.token_ids[pos], pos)
             if item.samples:
                 tokens.append(sum(seq.token_ids[-3:]) % 11)
         return tokens

@@ -26,7 +26,7 @@ def admit(bm: BlockManager, s: Sequence) -> list[int]:
 
 def compute_all(bm: BlockManager, s: Sequence) -> None:
     s.num_computed_tokens = s.num_tokens
-    bm.commit(s)
+    bm.publish(s, s.num_tokens)
 
 
 def test_allocates_enough_blocks_and_frees_them() -> None:
@@ -140,7 +140,7 @@ def test_no_leak_no_double_free_under_any_sequence_of_operations(
             s.num_computed_tokens = len(s.block_table) and min(
                 s.num_tokens, len(s.block_table) * BS
             )
-            bm.commit(s)
+            bm.publish(s, s.num_computed_tokens)
         elif op == "free" and s is not None:
             bm.free(live.pop(key))
         check_block_invariants(bm, live.values())

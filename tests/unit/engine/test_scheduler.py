@@ -55,6 +55,51 @@ def test_long_prompt_is_chunked_while_others_decode() -> None:
     assert short.num_output_tokens == 2
 
 
+def test_a_wave_with_one_new_prefix_computes_it_once_in_its_first_step() -> None:
+    s, runner = make(max_num_batched_tokens=256)
+    system = [7] * 16  # four blocks no request has computed yet
+    wave = [
+        Sequence(f"r{i}", [*system, i, i + 1, i + 2], SamplingParams(max_tokens=2))
+        for i in range(4)
+    ]
+    for seq in wave:
+        s.add(seq)
+    batch = s.schedule()
+    assert [(i.seq.request_id, i.start, i.num_new_tokens) for i in batch.seqs] == [
+        ("r0", 0, 19), ("r1", 16, 3), ("r2", 16, 3), ("r3", 16, 3)
+    ]  # fmt: skip
+    assert [seq.num_cached_tokens for seq in wave] == [0, 16, 16, 16]
+    # each later row attends over the prefix the first row writes in this very step
+    s.postprocess(batch, runner.run(batch), stop_at_length(2048))
+    check_block_invariants(s.block_manager, s.running)
+    assert len({seq.block_table[3] for seq in wave}) == 1
+    while s.has_unfinished():
+        step(s, runner)
+    assert s.block_manager.num_free_blocks == 64
+
+
+def test_a_chunk_names_only_the_blocks_it_fills() -> None:
+    s, runner = make(max_num_batched_tokens=10)
+    a = Sequence("a", [3] * 24, SamplingParams(max_tokens=2))
+    s.add(a)
+    s.add(Sequence("b", [3] * 24 + [1], SamplingParams(max_tokens=2)))
+    planned = []
+    for _ in range(3):
+        batch = s.schedule()
+        planned.append([(i.seq.request_id, i.start, i.num_new_tokens) for i in batch.seqs])
+        planned.append(a.num_hashed_blocks)
+        s.postprocess(batch, runner.run(batch), stop_at_length(2048))
+    assert planned == [
+        [("a", 0, 10)], 2,  # blocks 0 and 1 full, block 2 half written: not named
+        [("a", 10, 10)], 5,
+        [("a", 20, 4), ("b", 24, 1)], 6,  # b shares the block a completes in the same step
+    ]  # fmt: skip
+    while s.has_unfinished():
+        step(s, runner)
+    check_block_invariants(s.block_manager, [])
+    assert s.block_manager.num_free_blocks == 64
+
+
 def test_finished_sequences_leave_at_once() -> None:
     s, runner = make()
     a = add(s, "a", 5, max_tokens=1)
