@@ -5,9 +5,9 @@ A block is named by the chained hash of its tokens once the step that computes i
 later in the same step attends over a prefix an earlier one computes there, and a wave of requests
 with one new system prompt computes it once, not once each. Only blocks the step fills completely
 are named, so a chunked prefill never publishes a half-written block, and preemption happens
-between steps, after the blocks were written. Freed hashed blocks stay
-in an LRU pool and are revived by a later hit; allocation takes never-hashed free blocks first and
-only then evicts the least recently freed cached block. No torch here.
+between steps, after the blocks were written. Freed hashed blocks stay in an LRU pool and are
+revived by a later hit; allocation takes never-hashed free blocks first and only then evicts the
+least recently freed cached block. No torch here.
 """
 
 from __future__ import annotations
