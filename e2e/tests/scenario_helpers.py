@@ -120,6 +120,17 @@ def upstream_failed(counters: dict[tuple[str, str], float], replica: str) -> flo
     return counters.get(key, 0.0)
 
 
+def requests_by_replica(counters: dict[tuple[str, str], float]) -> dict[str, float]:
+    """Requests the routers relayed to each replica (any HTTP status; the router's own answers,
+    with an empty replica, left out)."""
+    by_replica: dict[str, float] = {}
+    for (name, labels), value in counters.items():
+        found = dict(pair.split("=", 1) for pair in labels.split(",") if "=" in pair)
+        if name == "kvscale_router_requests_total" and found.get("replica"):
+            by_replica[found["replica"]] = by_replica.get(found["replica"], 0.0) + value
+    return by_replica
+
+
 def in_flight(counters: dict[tuple[str, str], float], replica: str) -> float:
     return counters.get(("kvscale_router_in_flight", f"replica={replica}"), 0.0)
 

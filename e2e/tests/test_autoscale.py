@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import openai
-from scenario_helpers import is_ready, router_counters, weights
+from scenario_helpers import is_ready, requests_by_replica, router_counters, weights
 
 from kvscale.kube import Kube
 from kvscale.routing_loop import warming
@@ -108,16 +108,6 @@ def warmed_up(api: Kube, namespace: str, replicas: int) -> bool:
     )
 
 
-def answered(api: Kube, namespace: str) -> dict[str, float]:
-    """Requests the endpoint's routers relayed to each replica so far (any HTTP status)."""
-    counts: dict[str, float] = {}
-    for (name, labels), value in router_counters(api, namespace, "chat").items():
-        found = dict(pair.split("=", 1) for pair in labels.split(",") if "=" in pair)
-        if name == "kvscale_router_requests_total" and found.get("replica"):
-            counts[found["replica"]] = counts.get(found["replica"], 0.0) + value
-    return counts
-
-
 def test_burst_scales_up_within_two_intervals_and_ttft_recovers(
     cluster: Cluster, operator: Any, api: Kube, namespace: str
 ) -> None:
@@ -156,7 +146,8 @@ def test_burst_scales_up_within_two_intervals_and_ttft_recovers(
         # until it is over, the first replica still carries most of the burst, so the recovery
         # is judged from the moment no replica is warming up any more
         wait_for(lambda: warmed_up(api, namespace, 3), timeout=60, what="3 replicas warmed up")
-        recovered, before = time.monotonic(), answered(api, namespace)
+        recovered = time.monotonic()
+        before = requests_by_replica(router_counters(api, namespace, "chat"))
         window = wait_for(  # 120 requests at 6/s, every one of them ended
             lambda: load.between(recovered, recovered + 20),
             timeout=20 + 150,
@@ -164,7 +155,7 @@ def test_burst_scales_up_within_two_intervals_and_ttft_recovers(
         )
         shares = {
             replica: n - before.get(replica, 0.0)
-            for replica, n in answered(api, namespace).items()
+            for replica, n in requests_by_replica(router_counters(api, namespace, "chat")).items()
             if n > before.get(replica, 0.0)
         }
         # the scale-up is what carries the burst now: each replica answers a part of it
