@@ -67,11 +67,11 @@ stage_context() {
     echo "$ctx"
 }
 
-build() {  # image dockerfile context [docker build arguments...]
-    local image=$1 dockerfile=$2 ctx=$3
-    shift 3
+build() {  # name image dockerfile context [docker build arguments...]
+    local name=$1 image=$2 dockerfile=$3 ctx=$4
+    shift 4
     local cmd=(docker build --network host --build-arg BASE_IMAGE="$BASE_IMAGE" "$@" "${LABELS[@]}"
-        -f "$dockerfile" -t "$image" "$ctx")
+        --label "io.kvscale.image=$name" -f "$dockerfile" -t "$image" "$ctx")
     if [[ -n "$DRY_RUN" ]]; then
         printf '%q ' "${cmd[@]}" && echo
         return 0
@@ -79,6 +79,26 @@ build() {  # image dockerfile context [docker build arguments...]
     log "Building $image from $BASE_IMAGE"
     "${cmd[@]}"
     log "Built $image"
+}
+
+# prune_earlier_builds: what earlier builds left untagged, about 600 MB a commit (the router's and
+# the operator's venvs) and a 5.7 GB venv each time the engine's dependencies change, which
+# filled a CI machine's disk: the images whose tags moved on (labelled io.kvscale.image) and the
+# builder stages' results (labelled io.kvscale.stage), but this build's, which the next one
+# reuses from the cache: the newest untagged result of each stage whose result nothing is built
+# on, and no engine-deps result with a child (this build's has its engine-app). Removing an image
+# removes its untagged parents that nothing else is built on. Other images, tagged or not, stay.
+prune_earlier_builds() {
+    local stage keep ids
+    for stage in engine-app router-builder operator-builder engine-deps; do
+        if [[ "$stage" == engine-deps ]]; then keep=0; else keep=1; fi
+        # newest first; "dangling": untagged, and no image built on it
+        mapfile -t ids < <(docker images -q --filter dangling=true \
+            --filter "label=io.kvscale.stage=$stage" | tail -n +$((keep + 1)))
+        ((${#ids[@]} == 0)) || docker rmi "${ids[@]}" >/dev/null \
+            || log "Could not remove every earlier $stage result"
+    done
+    docker image prune --force --filter label=io.kvscale.image >/dev/null
 }
 
 main() {
@@ -99,12 +119,13 @@ main() {
     fi
     for name in ${IMAGES:-engine router operator}; do
         case "$name" in
-            engine) build "$IMAGE" engine-image/Dockerfile "$ctx" --build-arg VARIANT="$VARIANT" ;;
-            router) build "$ROUTER_IMAGE" engine-image/router.Dockerfile "$ctx" ;;
-            operator) build "$OPERATOR_IMAGE" operator/Dockerfile "$ctx" ;;
+            engine) build engine "$IMAGE" engine-image/Dockerfile "$ctx" --build-arg VARIANT="$VARIANT" ;;
+            router) build router "$ROUTER_IMAGE" engine-image/router.Dockerfile "$ctx" ;;
+            operator) build operator "$OPERATOR_IMAGE" operator/Dockerfile "$ctx" ;;
             *) log "IMAGES names engine, router and operator, not $name"; return 1 ;;
         esac
     done
+    [[ -n "$DRY_RUN" ]] || prune_earlier_builds
 }
 
 main "$@"

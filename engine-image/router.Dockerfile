@@ -19,6 +19,8 @@ RUN if [ -s /tmp/build/ca-bundle.crt ]; then export PIP_CERT=/tmp/build/ca-bundl
  && /opt/kvscale/bin/pip install --no-build-isolation "/src[router]" \
  && /opt/kvscale/bin/python -c "import importlib.util as u, kvscale_router.cli, kvscale_router.kube_source; assert u.find_spec('torch') is None, 'torch is installed'" \
  && /opt/kvscale/bin/kvscale-router --help > /dev/null
+# the stage's name, last: build-image.sh prunes earlier builds' stages by it
+LABEL io.kvscale.stage=router-builder
 
 FROM ${BASE_IMAGE}
 LABEL org.opencontainers.image.title="kvscale router"

@@ -46,6 +46,10 @@ NOT_READY_TAINT = "node.kubernetes.io/not-ready"
 TAINT = {"key": LABEL[0], "value": LABEL[1], "effect": "NoSchedule"}
 TOLERATION = {"key": LABEL[0], "operator": "Equal", "value": LABEL[1], "effect": "NoSchedule"}
 COMPONENTS = ("real-kubelet", "containerd")
+# evictionHard's nodefs/imagefs.available: below it, the kubelet deletes every image no container
+# uses (the sandbox's pause among them; containerd 1.6 pins none) and evicts pods
+EVICTION_FREE = 0.01
+SPARE = 2 << 30  # for containers' writable layers, emptyDirs and logs
 
 
 class RealNodeError(RuntimeError):
@@ -211,8 +215,8 @@ def _kubelet_config(node: RealNode, pki: Pki, host_ip: str, slot: int) -> str:
         "podLogsDir": str(node.pod_logs),
         "evictionHard": {
             "memory.available": "100Mi",
-            "nodefs.available": "1%",
-            "imagefs.available": "1%",
+            "nodefs.available": f"{EVICTION_FREE:.0%}",
+            "imagefs.available": f"{EVICTION_FREE:.0%}",
             "nodefs.inodesFree": "1%",
         },
         "imageGCHighThresholdPercent": 100,
@@ -220,6 +224,41 @@ def _kubelet_config(node: RealNode, pki: Pki, host_ip: str, slot: int) -> str:
         "resolvConf": "/etc/resolv.conf",
     }
     return yaml.safe_dump(config, sort_keys=False)
+
+
+def space_needed(image_bytes: int, disk_bytes: int) -> int:
+    """The free space the node's disk needs before ``image_bytes`` of images are imported:
+    twice that (containerd keeps the layers it imports and unpacks them into snapshots), above
+    the kubelet's eviction threshold, with ``SPARE`` left for the pods."""
+    return 2 * image_bytes + int(EVICTION_FREE * disk_bytes) + SPARE
+
+
+def check_space(root: Path, tarballs: list[Path], docker_images: tuple[str, ...]) -> None:
+    """Refuse to start a node whose images would leave its disk under the eviction threshold:
+    the kubelet would delete the pause image and every sandbox would fail to pull it, which
+    surfaces minutes later as pods that never start (CI's disk, shared, once did)."""
+    sizes = [t.stat().st_size for t in tarballs] + [docker_image_size(i) for i in docker_images]
+    disk = shutil.disk_usage(root)
+    needed = space_needed(sum(sizes), disk.total)
+    if disk.free < needed:
+        gib = 1 << 30
+        raise RealNodeError(
+            f"The real node needs {needed / gib:.1f} GiB free under {root} for its images "
+            f"({sum(sizes) / gib:.1f} GiB, held twice by containerd) above the kubelet's "
+            f"{EVICTION_FREE:.0%} eviction threshold; {disk.free / gib:.1f} GiB are free"
+        )
+
+
+def docker_image_size(image: str) -> int:
+    done = subprocess.run(
+        ["docker", "image", "inspect", "--format", "{{.Size}}", image],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise RealNodeError(f"docker image inspect {image}: {done.stderr.strip()} (make image)")
+    return int(done.stdout)
 
 
 def _credentials(node: RealNode, pki: Pki, api_url: str, host_ip: str) -> Path:
@@ -296,10 +335,11 @@ def start(
     kubelet_bin = bin_dir / "kubelet"
     if not kubelet_bin.is_file():
         raise RealNodeError(f"No kubelet in {bin_dir}: run e2e/k8sbin/build.sh kubelet")
-    images = images_dirs()
+    tarballs = sorted(t for folder in images_dirs() for t in folder.glob("*.tar"))
     node = RealNode(root)
     for sub in ("containerd", "cni", "pki", "kubelet"):
         (root / sub).mkdir(parents=True, exist_ok=True)
+    check_space(root, tarballs, docker_images)
     (root / "containerd" / "config.toml").write_text(_containerd_config(node))
     (root / "cni" / "10-kvscale.conflist").write_text(_cni_config(node, slot, host_ip))
     (root / "kubelet" / "config.yaml").write_text(_kubelet_config(node, pki, host_ip, slot))
@@ -310,7 +350,7 @@ def start(
     started = [containerd]
     try:
         wait_for(lambda: _containerd_up(node, containerd), 30, "containerd's socket")
-        for tarball in sorted(t for folder in images for t in folder.glob("*.tar")):
+        for tarball in tarballs:
             node.ctr_checked("images", "import", str(tarball))
         for image in docker_images:
             import_from_docker(node, image)

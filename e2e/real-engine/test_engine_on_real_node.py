@@ -111,8 +111,14 @@ def apply(cluster: Cluster, namespace: str, body: dict[str, Any]) -> None:
 
 
 def engines(api: Kube, namespace: str) -> list[dict[str, Any]]:
+    """The engine pods that run or will: not deleted, not ended (an evicted pod stays, Failed)."""
     pods = api.list_pods(namespace, ENGINES)
-    return [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+    return [
+        p
+        for p in pods
+        if not p["metadata"].get("deletionTimestamp")
+        and p.get("status", {}).get("phase") not in ("Failed", "Succeeded")
+    ]
 
 
 def complete(api: Kube, namespace: str, prompt: str) -> None:

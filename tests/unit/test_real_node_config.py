@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import shutil
 import tomllib
 from pathlib import Path
 
+import pytest
 import yaml
 
 from kvscale_cluster import netns, real_node
@@ -48,3 +50,20 @@ def test_kubelet_runs_on_cgroup_v1_under_its_own_cgroup_root(tmp_path: Path) -> 
     assert config["clusterDNS"] == ["10.244.7.1"]
     assert config["containerRuntimeEndpoint"] == f"unix://{node.socket}"
     assert config["authentication"]["anonymous"]["enabled"] is False
+    assert config["evictionHard"]["imagefs.available"] == "1%"
+    assert config["evictionHard"]["nodefs.available"] == "1%"
+
+
+def test_images_need_twice_their_size_above_the_eviction_threshold() -> None:
+    gib = 1 << 30
+    needed = real_node.space_needed(7 * gib, 250 * gib)
+    assert needed == 14 * gib + int(2.5 * gib) + real_node.SPARE
+
+
+def test_a_node_whose_images_would_fill_its_disk_is_refused(tmp_path: Path) -> None:
+    free = shutil.disk_usage(tmp_path).free
+    image = tmp_path / "big.tar"
+    with image.open("wb") as sparse:  # its size, not its blocks, counts
+        sparse.truncate(free // 2)
+    with pytest.raises(real_node.RealNodeError, match=r"GiB free under .* eviction threshold"):
+        real_node.check_space(tmp_path, [image], ())
