@@ -16,9 +16,9 @@
 # names them. Each image carries the OCI labels org.opencontainers.image.source (SOURCE,
 # default: the git remote `origin`), .version (the package's) and .revision (the git commit).
 # Environment: REGISTRY, TAG, VARIANT=cpu|cuda (default cpu), SOURCE, BASE_IMAGE (default: the
-# debootstrap image below), DEBIAN_MIRROR, CA_BUNDLE, IMAGES (which to build, default
-# "engine router operator"; the real node's tier builds only the operator:
-# e2e/real-node/build-images.sh).
+# debootstrap image below), DEBIAN_MIRROR, CA_BUNDLE, KVSCALE_CACHE (the build lock's folder,
+# default ~/.cache/kvscale), IMAGES (which to build, default "engine router operator"; the real
+# node's tier builds the operator and the router: e2e/real-node/build-images.sh).
 # `--dry-run` prints the build commands without building; `--base-only` builds only the base.
 set -euo pipefail
 
@@ -39,6 +39,7 @@ DEBOOTSTRAP_BASE=kvscale/debian-base:$SUITE
 BASE_IMAGE=${BASE_IMAGE:-$DEBOOTSTRAP_BASE}
 CA_BUNDLE=${CA_BUNDLE:-/etc/ssl/certs/ca-certificates.crt}
 WORK=build/engine-image
+LOCKS=${KVSCALE_CACHE:-$HOME/.cache/kvscale}
 export DOCKER_BUILDKIT=0  # the classic builder: Debian's docker.io ships without buildx
 LABELS=(
     --label "org.opencontainers.image.source=$SOURCE"
@@ -84,14 +85,15 @@ build() {  # name image dockerfile context [docker build arguments...]
 # prune_earlier_builds: what earlier builds left untagged, about 600 MB a commit (the router's and
 # the operator's venvs) and a 5.7 GB venv each time the engine's dependencies change, which
 # filled a CI machine's disk: the images whose tags moved on (labelled io.kvscale.image) and the
-# builder stages' results (labelled io.kvscale.stage), but this build's, which the next one
-# reuses from the cache: the newest untagged result of each stage whose result nothing is built
-# on, and no engine-deps result with a child (this build's has its engine-app). Removing an image
+# builder stages' results (labelled io.kvscale.stage, the engine's per variant), but those the
+# next build reuses from the cache: the newest untagged result of each stage whose result nothing
+# is built on, and no engine-deps result with a child (the kept engine-app's). Removing an image
 # removes its untagged parents that nothing else is built on. Other images, tagged or not, stay.
+# Builds on one Docker engine take turns (the lock in main), so none prunes another's stages.
 prune_earlier_builds() {
     local stage keep ids
-    for stage in engine-app router-builder operator-builder engine-deps; do
-        if [[ "$stage" == engine-deps ]]; then keep=0; else keep=1; fi
+    for stage in engine-app-{cpu,cuda} router-builder operator-builder engine-deps-{cpu,cuda}; do
+        if [[ "$stage" == engine-deps-* ]]; then keep=0; else keep=1; fi
         # newest first; "dangling": untagged, and no image built on it
         mapfile -t ids < <(docker images -q --filter dangling=true \
             --filter "label=io.kvscale.stage=$stage" | tail -n +$((keep + 1)))
@@ -107,10 +109,11 @@ main() {
     [[ -n "$SOURCE" ]] || log "No SOURCE and no git remote origin: org.opencontainers.image.source is empty"
     local ctx=$WORK/context
     if [[ -z "$DRY_RUN" ]]; then
-        # one build at a time: CI builds the engine image beside the first tiers, and
-        # `make test-real-engine` (its `image` prerequisite) waits for it here
-        mkdir -p "$WORK"
-        exec 9>"$WORK/build.lock"
+        # one build at a time on this machine's Docker engine, from any checkout: CI builds the
+        # engine image beside the first tiers, and `make test-real-engine` (its `image`
+        # prerequisite) waits for it here; a build's pruning never meets another's stages
+        mkdir -p "$WORK" "$LOCKS"
+        exec 9>"$LOCKS/build-image.lock"
         flock 9
         ensure_dockerd
         ensure_debootstrap_base

@@ -8,7 +8,8 @@ import subprocess
 
 import pytest
 
-STAGES = ("engine-app", "router-builder", "operator-builder")
+VARIANTS = ("cpu", "cuda")
+STAGES = (*(f"engine-app-{v}" for v in VARIANTS), "router-builder", "operator-builder")
 
 
 def untagged(label: str) -> list[str]:
@@ -26,7 +27,8 @@ def test_one_result_of_each_builder_stage_is_kept_for_the_cache(stage: str) -> N
     assert len(untagged(f"io.kvscale.stage={stage}")) <= 1
 
 
-def test_the_dependency_stage_is_kept_under_the_engine_app_stage() -> None:
-    # this build's engine-deps result has its engine-app built on it, so it is not dangling;
-    # an earlier dependency set's would be
-    assert untagged("io.kvscale.stage=engine-deps") == []
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_no_dependency_stage_is_left_without_its_app_stage(variant: str) -> None:
+    # the kept engine-deps result has the kept engine-app built on it, so it is not dangling; an
+    # earlier dependency set's would be
+    assert untagged(f"io.kvscale.stage=engine-deps-{variant}") == []
