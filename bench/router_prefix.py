@@ -27,7 +27,7 @@ from bench.serving import engine_server
 from kvscale.tools import loadtest
 from kvscale.tools.client import Target
 from kvscale.tools.workload import MOONCAKE_TICK_S, plan, replay_arrivals
-from kvscale.traces import LengthPolicy, load_mooncake
+from kvscale.traces import LengthPolicy, TraceRequest, load_mooncake
 from kvscale_engine.engine.checkpoint import write_tiny_checkpoint
 from kvscale_engine.model_config import NAMED_ARCHS
 
@@ -85,10 +85,7 @@ def cache_counters(urls: dict[str, str]) -> tuple[float, float]:
 
 def one_run(router: str, replicas: dict[str, str], p: dict[str, Any], seed: int,
             vocab: int) -> dict[str, Any]:  # fmt: skip
-    rows = load_mooncake(traces_dir() / TRACE)[: p["requests"]]
-    policy = LengthPolicy(input_scale=BLOCK / 512, max_input_len=480,
-                          max_output_len=p["max_output"])  # fmt: skip
-    rows = [policy.apply(r) for r in rows]
+    rows = served(p)
     arrivals = replay_arrivals(rows, p["time_scale"], MOONCAKE_TICK_S, random.Random(seed))
     planned = plan(rows, arrivals, prompt_format="ids", vocab=(10, vocab), classes=[], seed=seed)
     before = cache_counters(replicas)
@@ -107,15 +104,28 @@ def one_run(router: str, replicas: dict[str, str], p: dict[str, Any], seed: int,
     }  # fmt: skip
 
 
+def served(p: dict[str, Any]) -> list[TraceRequest]:
+    """The window's requests with the lengths they are served at: scaled to 16-token blocks,
+    prompts capped at 480 tokens (a prompt keeps the trace blocks that fit)."""
+    policy = LengthPolicy(input_scale=BLOCK / 512, max_input_len=480,
+                          max_output_len=p["max_output"])  # fmt: skip
+    return [policy.apply(r) for r in load_mooncake(traces_dir() / TRACE)[: p["requests"]]]
+
+
 def ideal_hit_rate(p: dict[str, Any]) -> float:
-    """Hit rate of one infinite cache over the window: the ceiling for any policy."""
+    """The hit rate of one infinite cache over the prompts the run sends, in the engines' terms
+    (cached tokens over prompt tokens): the ceiling for any policy. A prompt hits the leading
+    trace blocks that earlier prompts held whole, and at most all but its last token, as an
+    engine computes at least one."""
     seen: set[int] = set()
     hits = total = 0
-    for row in load_mooncake(traces_dir() / TRACE)[: p["requests"]]:
-        for block in row.prefix_blocks:
-            total += 1
-            hits += block in seen
-            seen.add(block)
+    for row in served(p):
+        whole = row.prefix_blocks[: row.input_len // row.block_tokens]
+        usable = (row.input_len - 1) // row.block_tokens
+        leading = next((i for i, b in enumerate(whole) if b not in seen), len(whole))
+        hits += min(leading, usable) * row.block_tokens
+        total += row.input_len
+        seen.update(whole)
     return hits / total
 
 
