@@ -270,22 +270,23 @@ vLLM's from 8 in flight (8: 77.5 / 498.9 vs 99.4 / 580.7 ms). Where vLLM leads t
 prefix TTFT p99 992.6 vs 705.0 ms, and closed 1 TTFT p50 68.4 vs 67.3 ms.
 
 Then the prefix cache named a block when the step that fills it is scheduled, so requests admitted
-in one step share a new prefix that the first of them computes there (each layer writes every
-row's K/V before any row attends). Offline, 16 prompts behind one new 512-token system prompt
-added at once had every first token after 0.31-0.33 s (1 step, 1,024 positions) against
-0.72-0.77 s (2 steps, 2,560 positions). Served, it did not move this benchmark's shared-prefix
-TTFT: 30598cd's engine beside e530ef8's, three rounds alternating on fresh prompts, p99 411 /
-455 / 421 vs 435 / 479 / 394 ms, since a closed loop's first request reaches the engine alone
-and starts a step before the rest arrive, which then find its prefix computed in either engine.
-So 700ebba's 993 ms was one round's spread (its other round: 501 ms). In that A/B the heavy tail
-ran at 1.05-1.21x the output tok/s on e530ef8's engine in all three rounds, which the change does
-not explain (its prompts share no block); not pursued. The run at e530ef8 met every target: 1.63x
-at 1 in flight, 1.36x at 8, **1.34x at 32**, **1.29x at 64**, 1.29x at 128; Poisson 1.005x /
-1.011x / 1.038x; shared prefix 1.41x, heavy tail 1.29x; ITL p50 at 0.5 req/s 6.38 vs 12.09 ms;
-TTFT p99 150.7 vs 174.5, 161.9 vs 201.7, 153.6 vs 161.6 ms. Where vLLM leads there: the heavy
-tail's TTFT p50 / p99 235.8 / 1,987.5 vs 147.6 / 1,260.3 ms (the engine's runs 1,988 and 1,273 ms
-at p99), closed 1 TTFT p99 204.6 vs 147.7 ms (the engine's two runs there 145 and 92 tok/s: the
-machine's speed swung), shared prefix TTFT p99 527.6 vs 520.4 ms.
+in one step share a new prefix that the first of them computes there (each layer writes every row's
+K/V before any row attends). Offline, 16 prompts behind one new 512-token system prompt added at
+once had every first token after 0.31-0.33 s (1 step, 1,024 positions) against 0.72-0.77 s (2
+steps, 2,560 positions). Served, it did not move this benchmark's shared-prefix TTFT: 30598cd's
+engine beside e530ef8's, three rounds alternating on fresh prompts, p99 411 / 455 / 421 vs 435 /
+479 / 394 ms, since a closed loop's first request reaches the engine alone and starts a step before
+the rest arrive, which then find its prefix computed in either engine. So 700ebba's 993 ms was one
+round's spread (its other round: 501 ms). In that A/B the heavy tail ran at 1.05-1.21x the output
+tok/s on e530ef8's engine in all three rounds, which the change does not explain (its prompts share
+no block); that engine had always been started second, and started first (a slower hour) it ran at
+1.14, 1.09 and 0.88x: no lasting effect. The run at e530ef8 met every target: 1.63x at 1 in flight,
+1.36x at 8, **1.34x at 32**, **1.29x at 64**, 1.29x at 128; Poisson 1.005x / 1.011x / 1.038x;
+shared prefix 1.41x, heavy tail 1.29x; ITL p50 at 0.5 req/s 6.38 vs 12.09 ms; TTFT p99 150.7 vs
+174.5, 161.9 vs 201.7, 153.6 vs 161.6 ms. Where vLLM leads there: the heavy tail's TTFT p50 / p99
+235.8 / 1,987.5 vs 147.6 / 1,260.3 ms (the engine's runs 1,988 and 1,273 ms at p99), closed 1 TTFT
+p99 204.6 vs 147.7 ms (the engine's two runs there 145 and 92 tok/s: the machine's speed swung),
+shared prefix TTFT p99 527.6 vs 520.4 ms.
 
 `--quick` runs a few small loads on `llama-tiny` widened to head_dim 64 (vLLM's CPU attention
 needs it); its smoke test lives in the e2e tier (e2e/tests/test_bench_vllm.py), the
